@@ -1,0 +1,245 @@
+//! A client of a coord ensemble that survives the loss of any replica.
+//!
+//! It holds a lazily connected channel to every replica and sends each call to the replica it
+//! believes leads (any replica would do: followers forward, but the leader saves a hop). When a
+//! call fails because the replica is gone or no leader is elected, it follows the leader hint in
+//! the error, or tries the next replica, and sends the *same* request again — mutations carry a
+//! request id in metadata, so a retry is applied at most once. The caller sees `UNAVAILABLE` only
+//! when no replica could serve the call for [`ClientOptions::unavailable_after`].
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use coord_proto::coord::admin::admin_client::AdminClient;
+use coord_proto::coord::admin::{StatusReply, StatusRequest};
+use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
+use coord_proto::tensorflow as tf;
+use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+
+/// Largest message the client sends or accepts (a value near the server's 4 MiB default limit
+/// plus its key).
+const MESSAGE_LIMIT: usize = 64 << 20;
+
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Every replica's gRPC address, `host:port`.
+    pub endpoints: Vec<String>,
+    /// How long calls keep retrying while no replica can serve them.
+    pub unavailable_after: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl ClientOptions {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            unavailable_after: Duration::from_secs(30),
+            connect_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct CoordClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    channels: Vec<Channel>,
+    /// Index of the replica calls go to first.
+    preferred: AtomicUsize,
+    session: Arc<RequestSession>,
+    options: ClientOptions,
+}
+
+impl CoordClient {
+    /// Creates the client; no connection is made until the first call.
+    pub fn new(options: ClientOptions) -> Result<Self, Status> {
+        if options.endpoints.is_empty() {
+            return Err(Status::invalid_argument("no coordinator endpoints given"));
+        }
+        let channels = options
+            .endpoints
+            .iter()
+            .map(|addr| {
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .map(|e| {
+                        e.connect_timeout(options.connect_timeout)
+                            .tcp_nodelay(true)
+                            .http2_keep_alive_interval(Duration::from_secs(5))
+                            .keep_alive_timeout(Duration::from_secs(5))
+                            .keep_alive_while_idle(true)
+                            .connect_lazy()
+                    })
+                    .map_err(|e| Status::invalid_argument(format!("bad endpoint {addr:?}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoints: options.endpoints.clone(),
+                channels,
+                preferred: AtomicUsize::new(0),
+                session: RequestSession::new(rand::random::<u64>() | 1),
+                options,
+            }),
+        })
+    }
+
+    /// Asks the replicas who leads and sends calls there from now on. Best effort: a client that
+    /// skips this still works, through a follower.
+    pub async fn find_leader(&self) -> Option<String> {
+        for i in 0..self.inner.endpoints.len() {
+            let Ok(status) = self.status_of(i).await else {
+                continue;
+            };
+            let Some(leader) = status.leader_id else {
+                continue;
+            };
+            let addr = status.members.iter().find(|m| m.id == leader).map(|m| m.addr.clone())?;
+            if let Some(j) = self.index_of(&addr) {
+                self.inner.preferred.store(j, Ordering::Relaxed);
+            }
+            return Some(addr);
+        }
+        None
+    }
+
+    /// One replica's own view of the ensemble (`coord.admin.Admin/Status`), no retries.
+    pub async fn status_of(&self, replica: usize) -> Result<StatusReply, Status> {
+        let ch = self
+            .inner
+            .channels
+            .get(replica)
+            .ok_or_else(|| Status::invalid_argument(format!("no endpoint #{replica}")))?;
+        let mut req = Request::new(StatusRequest {});
+        req.set_timeout(Duration::from_secs(2));
+        Ok(AdminClient::new(ch.clone()).status(req).await?.into_inner())
+    }
+
+    fn index_of(&self, addr: &str) -> Option<usize> {
+        self.inner.endpoints.iter().position(|e| e == addr)
+    }
+
+    /// Inserts `key`; with `overwrite` false an existing key is ALREADY_EXISTS.
+    pub async fn insert(&self, key: &str, value: impl Into<Bytes>, overwrite: bool) -> Result<(), Status> {
+        let req = tf::InsertKeyValueRequest {
+            kv: Some(tf::KeyValueEntry {
+                key: key.to_string(),
+                value: value.into(),
+            }),
+            allow_overwrite: overwrite,
+        };
+        let ticket = self.inner.session.begin();
+        self.call(req, Some(&ticket), |mut c, r| async move { c.insert_key_value(r).await })
+            .await
+            .map(|_| ())
+    }
+
+    /// The value of `key`, waiting until some task inserts it.
+    pub async fn get(&self, key: &str) -> Result<Bytes, Status> {
+        let req = tf::GetKeyValueRequest { key: key.to_string() };
+        let resp = self.call(req, None, |mut c, r| async move { c.get_key_value(r).await }).await?;
+        Ok(resp.kv.map(|e| e.value).unwrap_or_default())
+    }
+
+    /// The value of `key`, or `None` if it does not exist.
+    pub async fn try_get(&self, key: &str) -> Result<Option<Bytes>, Status> {
+        let req = tf::TryGetKeyValueRequest { key: key.to_string() };
+        match self.call(req, None, |mut c, r| async move { c.try_get_key_value(r).await }).await {
+            Ok(resp) => Ok(Some(resp.kv.map(|e| e.value).unwrap_or_default())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Every entry under directory `dir`, sorted by key.
+    pub async fn get_dir(&self, dir: &str) -> Result<Vec<(String, Bytes)>, Status> {
+        let req = tf::GetKeyValueDirRequest {
+            directory_key: dir.to_string(),
+        };
+        let resp = self.call(req, None, |mut c, r| async move { c.get_key_value_dir(r).await }).await?;
+        Ok(resp.kv.into_iter().map(|e| (e.key, e.value)).collect())
+    }
+
+    /// Deletes `key` and everything under `key/`.
+    pub async fn delete(&self, key: &str) -> Result<(), Status> {
+        let req = tf::DeleteKeyValueRequest {
+            key: key.to_string(),
+            is_directory: true,
+        };
+        let ticket = self.inner.session.begin();
+        self.call(req, Some(&ticket), |mut c, r| async move { c.delete_key_value(r).await })
+            .await
+            .map(|_| ())
+    }
+
+    async fn call<Req, Resp, F, Fut>(&self, req: Req, ticket: Option<&Ticket>, f: F) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(CoordinationServiceClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let n = self.inner.channels.len();
+        let mut at = self.inner.preferred.load(Ordering::Relaxed) % n;
+        let mut failing_since: Option<Instant> = None;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let mut r = Request::new(req.clone());
+            if let Some(t) = ticket {
+                t.id.write(r.metadata_mut());
+            }
+            let client = CoordinationServiceClient::new(self.inner.channels[at].clone())
+                .max_decoding_message_size(MESSAGE_LIMIT)
+                .max_encoding_message_size(MESSAGE_LIMIT);
+            let status = match f(client, r).await {
+                Ok(resp) => {
+                    self.inner.preferred.store(at, Ordering::Relaxed);
+                    return Ok(resp.into_inner());
+                }
+                Err(s) if retryable(&s) => s,
+                Err(s) => return Err(s),
+            };
+            let since = *failing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.inner.options.unavailable_after {
+                return Err(Status::unavailable(format!(
+                    "no coordinator replica could serve the call for {:?} (tried {}); last error from {}: {}",
+                    self.inner.options.unavailable_after,
+                    self.inner.endpoints.join(", "),
+                    self.inner.endpoints[at],
+                    status.message()
+                )));
+            }
+            match status
+                .metadata()
+                .get(LEADER_ADDR)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|a| self.index_of(a))
+            {
+                Some(leader) if leader != at => at = leader,
+                _ => {
+                    at = (at + 1) % n;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+}
+
+/// Failures after which the same request may be sent again: the replica is unreachable or has no
+/// leader (`UNAVAILABLE`), or the connection broke mid-call (tonic reports `UNKNOWN` for some
+/// transport errors). Resending is safe because mutations carry their request id.
+fn retryable(s: &Status) -> bool {
+    match s.code() {
+        Code::Unavailable => true,
+        Code::Unknown => s.metadata().is_empty() || s.message().contains("transport"),
+        _ => false,
+    }
+}

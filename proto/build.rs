@@ -1,0 +1,32 @@
+//! Compiles every `.proto` under `protos/` with `protox` (pure Rust), so a machine with only the
+//! Rust toolchain builds the crate: no system `protoc`.
+
+use std::path::{Path, PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = Path::new("protos");
+    let mut files = Vec::new();
+    collect_protos(root, &mut files)?;
+    files.sort();
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    let fds = protox::compile(&files, [root])?;
+    tonic_prost_build::configure()
+        // Values and Raft payloads are handed around without copies.
+        .bytes(".")
+        .compile_fds(fds)?;
+    Ok(())
+}
+
+fn collect_protos(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_protos(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "proto") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}

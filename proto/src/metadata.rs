@@ -1,0 +1,152 @@
+//! The parts of coord's wire contract carried as gRPC metadata, because the TensorFlow and XLA
+//! schemas have no field for them: request ids (so a retried mutation applies once) and leader
+//! hints.
+//!
+//! A client numbers its mutations `seq = 1, 2, ...` under a random client id and may have several
+//! in flight; with each it sends `acked_below`, the oldest `seq` still in flight, which tells the
+//! ensemble that every older result was delivered and may be forgotten.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tonic::metadata::MetadataMap;
+
+pub const CLIENT_ID: &str = "coord-client-id";
+pub const SEQ: &str = "coord-seq";
+pub const ACKED_BELOW: &str = "coord-acked-below";
+/// Set by a replica forwarding a request to the leader; the leader never forwards it again.
+pub const FORWARDED: &str = "coord-forwarded";
+/// On `UNAVAILABLE`: who leads, so the client can go there.
+pub const LEADER_ID: &str = "coord-leader-id";
+pub const LEADER_ADDR: &str = "coord-leader-addr";
+
+/// A mutation's request id as it travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireRequestId {
+    pub client: u64,
+    pub seq: u64,
+    pub acked_below: u64,
+}
+
+impl WireRequestId {
+    /// Reads the id from metadata: `None` if absent, an error naming the header if malformed.
+    pub fn read(md: &MetadataMap) -> Result<Option<Self>, String> {
+        let field = |name: &str| -> Result<Option<u64>, String> {
+            match md.get(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .to_str()
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .map(Some)
+                    .ok_or_else(|| format!("metadata {name} must be a decimal u64")),
+            }
+        };
+        match (field(CLIENT_ID)?, field(SEQ)?) {
+            (None, None) => Ok(None),
+            (Some(client), Some(seq)) => Ok(Some(Self {
+                client,
+                seq,
+                acked_below: field(ACKED_BELOW)?.unwrap_or(0),
+            })),
+            _ => Err(format!("metadata {CLIENT_ID} and {SEQ} must be sent together")),
+        }
+    }
+
+    pub fn write(&self, md: &mut MetadataMap) {
+        for (name, v) in [(CLIENT_ID, self.client), (SEQ, self.seq), (ACKED_BELOW, self.acked_below)] {
+            if let Ok(v) = v.to_string().parse() {
+                md.insert(name, v);
+            }
+        }
+    }
+}
+
+/// Hands out request ids for one client and tracks which are in flight.
+pub struct RequestSession {
+    client: u64,
+    next: AtomicU64,
+    in_flight: Mutex<BTreeSet<u64>>,
+}
+
+impl RequestSession {
+    /// `client` must be unique among the ensemble's clients: pick it at random.
+    pub fn new(client: u64) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            next: AtomicU64::new(1),
+            in_flight: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    /// Starts a request; the returned ticket ends it when dropped (answered or abandoned).
+    pub fn begin(self: &Arc<Self>) -> Ticket {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let acked_below = {
+            let mut f = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            f.insert(seq);
+            f.first().copied().unwrap_or(seq)
+        };
+        Ticket {
+            session: self.clone(),
+            id: WireRequestId {
+                client: self.client,
+                seq,
+                acked_below,
+            },
+        }
+    }
+}
+
+/// A request of a [`RequestSession`] in flight; keep it until the request's outcome is known.
+pub struct Ticket {
+    session: Arc<RequestSession>,
+    pub id: WireRequestId,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.session
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id.seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acked_below_is_the_oldest_request_in_flight() {
+        let s = RequestSession::new(7);
+        let a = s.begin();
+        let b = s.begin();
+        assert_eq!(b.id.acked_below, a.id.seq);
+        drop(a);
+        let c = s.begin();
+        assert_eq!(c.id.acked_below, b.id.seq);
+    }
+
+    #[test]
+    fn metadata_round_trip_and_errors() {
+        let id = WireRequestId {
+            client: 5,
+            seq: 9,
+            acked_below: 3,
+        };
+        let mut md = MetadataMap::new();
+        id.write(&mut md);
+        assert_eq!(WireRequestId::read(&md), Ok(Some(id)));
+        assert_eq!(WireRequestId::read(&MetadataMap::new()), Ok(None));
+        let mut bad = MetadataMap::new();
+        bad.insert(CLIENT_ID, "x".parse().expect("ascii"));
+        bad.insert(SEQ, "1".parse().expect("ascii"));
+        assert!(WireRequestId::read(&bad).is_err());
+        let mut half = MetadataMap::new();
+        half.insert(SEQ, "1".parse().expect("ascii"));
+        assert!(WireRequestId::read(&half).is_err());
+    }
+}

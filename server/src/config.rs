@@ -1,0 +1,196 @@
+//! Command-line configuration of a replica, and its validation.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// One replica of a coord ensemble.
+///
+/// Start every replica of a new ensemble with the same `--initial-cluster` (and `--cluster-token`);
+/// they find each other and elect a leader. Restart a replica with the same flags.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "coordinator", version, about, long_about = None)]
+pub struct Args {
+    /// This replica's id; must appear in --initial-cluster.
+    #[arg(long)]
+    pub id: u64,
+
+    /// Address of the gRPC port (clients and peers).
+    #[arg(long)]
+    pub listen: SocketAddr,
+
+    /// Address of the HTTP port (/livez, /readyz, /metrics, /status).
+    #[arg(long)]
+    pub http_listen: SocketAddr,
+
+    /// Every replica of the ensemble as `id=host:port`, comma separated.
+    #[arg(long, value_parser = parse_initial_cluster)]
+    pub initial_cluster: InitialCluster,
+
+    /// Where this replica keeps its Raft log, vote and snapshots.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+
+    /// Distinguishes ensembles started with the same --initial-cluster: replicas refuse data
+    /// directories and Raft traffic of another token.
+    #[arg(long, default_value = "coord")]
+    pub cluster_token: String,
+
+    /// Leader heartbeat interval.
+    #[arg(long, default_value_t = 50)]
+    pub heartbeat_ms: u64,
+
+    /// A follower that hears no leader for a random time in [min, max] starts an election.
+    #[arg(long, default_value_t = 250)]
+    pub election_timeout_min_ms: u64,
+
+    #[arg(long, default_value_t = 500)]
+    pub election_timeout_max_ms: u64,
+
+    /// Take a snapshot (and purge the log before it) after this many entries.
+    #[arg(long, default_value_t = 10_000)]
+    pub snapshot_every_entries: u64,
+
+    /// Longest key accepted, in bytes (after normalization).
+    #[arg(long, default_value_t = 4096)]
+    pub max_key_bytes: usize,
+
+    /// Largest value accepted, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_value_bytes: usize,
+
+    /// How long a request waits for a reachable leader before it fails UNAVAILABLE.
+    #[arg(long, default_value_t = 5_000)]
+    pub leader_wait_ms: u64,
+
+    /// Raft entries the leader keeps in flight; writes arriving meanwhile are batched into the
+    /// next entry.
+    #[arg(long, default_value_t = 4)]
+    pub max_inflight_proposals: usize,
+
+    /// /readyz fails while this replica is more entries than this behind the leader.
+    #[arg(long, default_value_t = 1_000)]
+    pub ready_max_lag: u64,
+}
+
+/// `--initial-cluster`: replica id → address.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InitialCluster(pub BTreeMap<u64, String>);
+
+fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
+    let mut members = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not of the form id=host:port"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("replica id {id:?} in {part:?} is not a number"))?;
+        let addr = addr.trim();
+        if addr.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            return Err(format!("address {addr:?} of replica {id} is not host:port"));
+        }
+        if members.insert(id, addr.to_string()).is_some() {
+            return Err(format!("replica {id} appears twice"));
+        }
+    }
+    if members.is_empty() {
+        return Err("no replicas given".into());
+    }
+    Ok(InitialCluster(members))
+}
+
+impl Args {
+    /// Checks the combination of flags; the message says which flag to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.initial_cluster.0.contains_key(&self.id) {
+            return Err(format!(
+                "--id {} is not one of the replicas in --initial-cluster ({})",
+                self.id,
+                self.initial_cluster.ids()
+            ));
+        }
+        if self.election_timeout_min_ms >= self.election_timeout_max_ms {
+            return Err("--election-timeout-min-ms must be below --election-timeout-max-ms".into());
+        }
+        if self.heartbeat_ms * 2 > self.election_timeout_min_ms {
+            return Err("--heartbeat-ms must be at most half of --election-timeout-min-ms".into());
+        }
+        if self.max_inflight_proposals == 0 {
+            return Err("--max-inflight-proposals must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// How long a leader trusts its last quorum acknowledgement: the longest election timeout,
+    /// after which a new leader may exist.
+    pub fn leader_lease(&self) -> Duration {
+        Duration::from_millis(self.election_timeout_max_ms)
+    }
+
+    pub fn leader_wait(&self) -> Duration {
+        Duration::from_millis(self.leader_wait_ms)
+    }
+}
+
+impl InitialCluster {
+    fn ids(&self) -> String {
+        self.0.keys().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    }
+
+    /// A stable id for the ensemble, from its token and initial members (as etcd derives its
+    /// cluster id): two ensembles started alike but with different tokens never mix.
+    pub fn cluster_id(&self, token: &str) -> u64 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(token.as_bytes());
+        for (id, addr) in &self.0 {
+            h.update(&id.to_le_bytes());
+            h.update(addr.as_bytes());
+        }
+        let lo = u64::from(h.finalize());
+        let mut h2 = crc32fast::Hasher::new_with_initial(0x9e37_79b9);
+        h2.update(token.as_bytes());
+        h2.update(&lo.to_le_bytes());
+        (u64::from(h2.finalize()) << 32) | lo
+    }
+}
+
+impl std::fmt::Display for InitialCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(id, a)| format!("{id}={a}")).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_initial_cluster() {
+        let c = parse_initial_cluster("1=127.0.0.1:7101, 2=127.0.0.1:7102,3=h:1").expect("parse");
+        assert_eq!(c.0.len(), 3);
+        assert_eq!(c.0[&3], "h:1");
+        assert_eq!(c.to_string(), "1=127.0.0.1:7101,2=127.0.0.1:7102,3=h:1");
+    }
+
+    #[test]
+    fn rejects_bad_initial_cluster() {
+        for bad in ["", "1", "x=h:1", "1=h", "1=h:notaport", "1=h:1,1=h:2", "1=:5"] {
+            assert!(parse_initial_cluster(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn cluster_id_depends_on_token_and_members() {
+        let a = parse_initial_cluster("1=h:1,2=h:2").expect("parse");
+        let b = parse_initial_cluster("1=h:1,2=h:3").expect("parse");
+        assert_eq!(a.cluster_id("t"), a.cluster_id("t"));
+        assert_ne!(a.cluster_id("t"), a.cluster_id("u"));
+        assert_ne!(a.cluster_id("t"), b.cluster_id("t"));
+    }
+}

@@ -1,0 +1,69 @@
+//! coord-server: one replica of a coord ensemble (binary `coordinator`).
+//!
+//! Request path: a gRPC call reaches a wire adapter ([`tf_service`]), which hands it to the
+//! [`route::Router`]; the router runs it on the leader, locally or forwarded, and re-drives it when
+//! leadership moves. On the leader the semantics ([`kv::KvCore`]) write through the batching
+//! [`proposer`] and read after the batched [`read_index`]. The state machine reports applied changes
+//! to the [`apply_hub`], which wakes [`parked`] calls.
+//!
+//! - [`config`], [`identity`]: flags, and the check that a data directory is this replica's.
+//! - [`replica`]: wiring, start and stop order.
+//! - [`raft_network`], [`raft_service`], [`peers`]: the openraft network adapter over gRPC.
+//! - [`leader`]: who leads, from Raft metrics.
+//! - [`request_id`]: request ids in metadata, and ids for requests without one.
+//! - [`http`], [`status`], [`metrics`]: `/livez`, `/readyz`, `/status`, `/metrics`, admin RPC.
+//! - [`error`]: the error type and its single mapping to gRPC status codes.
+//! - [`tasks`]: ownership of background loops.
+
+pub mod apply_hub;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod identity;
+pub mod kv;
+pub mod leader;
+pub mod metrics;
+pub mod parked;
+pub mod peers;
+pub mod proposer;
+pub mod raft_network;
+pub mod raft_service;
+pub mod read_index;
+pub mod replica;
+pub mod request_id;
+pub mod route;
+pub mod status;
+pub mod tasks;
+pub mod tf_service;
+
+pub use config::Args;
+pub use replica::{Replica, StartError};
+
+/// Runs a replica until SIGINT or SIGTERM.
+pub async fn run(args: Args) -> Result<(), StartError> {
+    let grpc = replica::bind(args.listen, "gRPC, --listen").await?;
+    let http = replica::bind(args.http_listen, "HTTP, --http-listen").await?;
+    let replica = Replica::open(args).await?;
+    replica.serve(grpc, http, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,145 @@
+//! The openraft network adapter: openraft's `RaftNetworkFactory`/`RaftNetwork`, implemented here
+//! and nowhere else, over the `coord.raft.RaftTransport` gRPC service.
+//!
+//! Requests and replies are openraft's own types, bincode-encoded. A peer that cannot be reached
+//! is reported as `Unreachable`, so openraft backs off instead of hammering it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_proto::coord::raft::raft_transport_client::RaftTransportClient;
+use coord_proto::coord::raft::RaftRequest;
+use coord_raft_store::codec;
+use coord_raft_store::types::{NodeId, TypeConfig};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use crate::peers::{PeerChannels, PEER_MESSAGE_LIMIT};
+
+/// Creates per-peer clients for openraft; all of them share the cached channels.
+#[derive(Clone)]
+pub struct Network {
+    cluster_id: u64,
+    channels: Arc<PeerChannels>,
+}
+
+impl Network {
+    pub fn new(cluster_id: u64) -> Self {
+        Self {
+            cluster_id,
+            channels: Arc::new(PeerChannels::default()),
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let client = self.channels.get(&node.addr).map(|ch| {
+            RaftTransportClient::new(ch)
+                .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+                .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+        });
+        PeerClient {
+            target,
+            cluster_id: self.cluster_id,
+            client,
+        }
+    }
+}
+
+pub struct PeerClient {
+    target: NodeId,
+    cluster_id: u64,
+    client: Result<RaftTransportClient<Channel>, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct TransportError(String);
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, req: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&TransportError(e.clone())))),
+        };
+        let payload = codec::encode("raft request", req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = tonic::Request::new(RaftRequest {
+            cluster_id: self.cluster_id,
+            payload: payload.into(),
+        });
+        request.set_timeout(option.hard_ttl().max(Duration::from_millis(1)));
+        let reply = match rpc {
+            Rpc::AppendEntries => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::InstallSnapshot => client.install_snapshot(request).await,
+        };
+        let reply = reply.map_err(|status| {
+            let e = TransportError(format!("{}: {}", status.code(), status.message()));
+            if status.code() == tonic::Code::Unavailable {
+                RPCError::Unreachable(Unreachable::new(&e))
+            } else {
+                RPCError::Network(NetworkError::new(&e))
+            }
+        })?;
+        let decoded: Result<Resp, RaftError<NodeId, E>> = codec::decode("raft reply", &reply.into_inner().payload)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(Rpc::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(Rpc::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    /// A dead peer is retried every 200 ms: often enough that a restarted replica catches up at
+    /// once, rarely enough to cost nothing.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+    }
+}

@@ -1,0 +1,280 @@
+//! Wiring of one replica: storage, Raft node, leader-side machinery, gRPC and HTTP servers, and
+//! the order in which they start and stop.
+//!
+//! Start order: bind both ports (fail fast if taken) → open storage → check the data directory's
+//! identity → start Raft → serve → bootstrap a pristine ensemble. Stop: stop serving, stop Raft,
+//! drop the background tasks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use coord_proto::coord::admin::admin_server::AdminServer;
+use coord_proto::coord::raft::raft_transport_server::RaftTransportServer;
+use coord_proto::tensorflow::coordination_service_server::CoordinationServiceServer;
+use coord_raft_store::stats::SyncStats;
+use coord_raft_store::storage::{self, LogStore, OpenError, StoreOptions};
+use coord_raft_store::types::Raft;
+use openraft::storage::RaftLogStorage;
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::server::TcpIncoming;
+
+use crate::apply_hub::ApplyHub;
+use crate::config::Args;
+use crate::identity::{self, IdentityError};
+use crate::kv::{KvCore, Limits};
+use crate::leader::LeaderWatch;
+use crate::metrics::Metrics;
+use crate::parked::Wake;
+use crate::peers::PEER_MESSAGE_LIMIT;
+use crate::proposer::Proposer;
+use crate::raft_network::Network;
+use crate::raft_service::RaftService;
+use crate::read_index::ReadIndex;
+use crate::route::Router;
+use crate::status::AdminService;
+use crate::tasks::TaskGuard;
+use crate::tf_service::TfService;
+use crate::{http, status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid flags: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        addr: SocketAddr,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("cannot read the Raft log in {dir}: {source}")]
+    Log {
+        dir: String,
+        #[source]
+        source: coord_raft_store::types::StorageError,
+    },
+    #[error("cannot start Raft: {0}")]
+    Raft(String),
+}
+
+/// Everything a running replica is made of.
+pub struct Replica {
+    pub args: Args,
+    pub raft: Raft,
+    pub router: Arc<Router>,
+    pub kv: Arc<KvCore>,
+    pub hub: Arc<ApplyHub>,
+    pub metrics: Arc<Metrics>,
+    pub sync_stats: Arc<SyncStats>,
+    pub cluster_id: u64,
+    /// The log and vote were empty at start: this replica bootstraps the ensemble.
+    pristine: bool,
+    /// Owns the background loops; they stop when the replica is dropped.
+    _tasks: TaskGuard,
+}
+
+fn raft_config(args: &Args) -> Result<Config, StartError> {
+    Config {
+        cluster_name: args.cluster_token.clone(),
+        heartbeat_interval: args.heartbeat_ms,
+        election_timeout_min: args.election_timeout_min_ms,
+        election_timeout_max: args.election_timeout_max_ms,
+        // A snapshot of a large key-value store takes longer than openraft's 200 ms default.
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(args.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Config::default()
+    }
+    .validate()
+    .map_err(|e| StartError::Config(e.to_string()))
+}
+
+async fn log_is_pristine(log: &LogStore, dir: &str) -> Result<bool, StartError> {
+    let mut log = log.clone();
+    let err = |source| StartError::Log {
+        dir: dir.to_string(),
+        source,
+    };
+    let state = log.get_log_state().await.map_err(err)?;
+    let vote = log.read_vote().await.map_err(err)?;
+    Ok(state.last_log_id.is_none() && vote.is_none())
+}
+
+impl Replica {
+    /// Opens the data directory and starts the Raft node (not yet serving).
+    pub async fn open(args: Args) -> Result<Self, StartError> {
+        args.validate().map_err(StartError::Config)?;
+        let cluster_id = args.initial_cluster.cluster_id(&args.cluster_token);
+        let hub = ApplyHub::new();
+        let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
+        let (log, sm) = (opened.log, opened.state_machine);
+        let dir = args.data_dir.display().to_string();
+        let pristine = log_is_pristine(&log, &dir).await?;
+        identity::check_or_record(
+            &args,
+            &identity::RaftState {
+                fresh: opened.fresh,
+                pristine,
+            },
+        )?;
+        let reader = sm.reader();
+        let sync_stats = log.sync_stats();
+
+        let raft = Raft::new(args.id, Arc::new(raft_config(&args)?), Network::new(cluster_id), log, sm)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let mut tasks = TaskGuard::default();
+        let metrics = Arc::new(Metrics::default());
+        let proposer = Proposer::start(raft.clone(), args.id, args.max_inflight_proposals, &mut tasks);
+        let read_index = ReadIndex::start(raft.clone(), args.id, &mut tasks);
+        let leader = LeaderWatch::new(args.id, args.leader_lease(), raft.metrics());
+        let router = Arc::new(Router::new(args.id, leader, args.leader_wait(), metrics.clone()));
+        let kv = Arc::new(KvCore {
+            proposer,
+            read_index,
+            reader,
+            parked: hub.parked.clone(),
+            limits: Limits {
+                max_key_bytes: args.max_key_bytes,
+                max_value_bytes: args.max_value_bytes,
+            },
+        });
+        tasks.spawn("leader-watch", watch_leadership(raft.clone(), hub.clone(), metrics.clone()));
+        Ok(Self {
+            args,
+            raft,
+            router,
+            kv,
+            hub,
+            metrics,
+            sync_stats,
+            cluster_id,
+            pristine,
+            _tasks: tasks,
+        })
+    }
+
+    /// Serves gRPC on `grpc` and HTTP on `http` until `shutdown` resolves, then stops Raft.
+    pub async fn serve(
+        self,
+        grpc: TcpListener,
+        http_listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let this = Arc::new(self);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+
+        let request_limit = this.args.max_value_bytes + this.args.max_key_bytes + (64 << 10);
+        let tf = CoordinationServiceServer::new(TfService::new(this.router.clone(), this.kv.clone()))
+            .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+            .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+            .accept_compressed(CompressionEncoding::Gzip);
+        let raft_svc = RaftTransportServer::new(RaftService::new(this.raft.clone(), this.cluster_id))
+            .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+            .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        let admin = AdminServer::new(AdminService::new(this.raft.clone()));
+        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+        let grpc_server = tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(16 << 20))
+            .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+            .add_service(raft_svc)
+            .add_service(tf)
+            .add_service(admin)
+            .serve_with_incoming_shutdown(incoming, stopped());
+        let grpc_task = tokio::spawn(grpc_server);
+        let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));
+
+        if this.pristine {
+            this.bootstrap().await;
+        }
+        tracing::info!(
+            id = this.args.id,
+            grpc = %this.args.listen,
+            http = %this.args.http_listen,
+            "replica serving"
+        );
+
+        shutdown.await;
+        tracing::info!(id = this.args.id, "shutting down");
+        let _ = stop_tx.send(true);
+        if let Ok(Err(e)) = grpc_task.await {
+            tracing::warn!(error = %e, "gRPC server ended with an error");
+        }
+        let _ = http_task.await;
+        if let Err(e) = this.raft.shutdown().await {
+            tracing::warn!(error = %e, "Raft did not stop cleanly");
+        }
+        Ok(())
+    }
+
+    /// Initializes a pristine ensemble from `--initial-cluster`. Every replica does this with the
+    /// same membership, which openraft permits: the first entry is identical everywhere.
+    async fn bootstrap(&self) {
+        let members = self
+            .args
+            .initial_cluster
+            .0
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr)))
+            .collect::<std::collections::BTreeMap<_, _>>();
+        match self.raft.initialize(members).await {
+            Ok(()) => tracing::info!(members = %self.args.initial_cluster, "bootstrapped a new ensemble"),
+            // Another replica got there first and this one already has its entry.
+            Err(e) => tracing::info!(reason = %e, "not bootstrapping"),
+        }
+    }
+
+    pub fn status(&self) -> status::ReplicaStatus {
+        status::ReplicaStatus::of(&self.raft)
+    }
+}
+
+/// Logs every leader change, counts it, and fails parked calls when this replica stops leading.
+async fn watch_leadership(raft: Raft, hub: Arc<ApplyHub>, metrics: Arc<Metrics>) {
+    let mut rx = raft.metrics();
+    let mut last_leader = None;
+    let mut was_leader = false;
+    loop {
+        let (leader, term, state) = {
+            let m = rx.borrow_and_update();
+            (m.current_leader, m.current_term, m.state)
+        };
+        if leader != last_leader {
+            tracing::info!(from = ?last_leader, to = ?leader, term, "leader changed");
+            metrics
+                .leader_changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            last_leader = leader;
+        }
+        let is_leader = state == ServerState::Leader;
+        if was_leader && !is_leader {
+            tracing::info!(parked = hub.parked.len(), "lost leadership; failing parked calls so they re-drive");
+            hub.parked.wake_all(|| Wake::LeaderLost);
+        }
+        was_leader = is_leader;
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Binds a listener, naming what it is for in the error.
+pub async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, what, source })
+}

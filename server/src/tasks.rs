@@ -1,0 +1,26 @@
+//! Ownership of background loops: every loop a replica starts belongs to one [`TaskGuard`], and
+//! dropping the guard stops them all. Shutdown is a type, not a convention.
+
+use std::future::Future;
+
+use tokio::task::JoinHandle;
+
+#[derive(Default)]
+pub struct TaskGuard {
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+}
+
+impl TaskGuard {
+    pub fn spawn(&mut self, name: &'static str, fut: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.push((name, tokio::spawn(fut)));
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        for (name, t) in &self.tasks {
+            tracing::debug!(task = name, "stopping background task");
+            t.abort();
+        }
+    }
+}

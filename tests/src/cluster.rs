@@ -1,0 +1,360 @@
+//! A coord ensemble of real `coordinator` processes on loopback, for tests and benchmarks.
+//!
+//! Ports are picked free, data lives in a temp dir, and every process the cluster started is
+//! killed when it is dropped — also when the test fails. A failed test keeps the directory (data
+//! and each replica's log) and prints where it is, with the end of every log.
+
+use std::fs::{File, OpenOptions};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::http;
+
+/// What `/status` says (the fields tests look at).
+#[derive(Debug, Clone, Deserialize)]
+pub struct StatusView {
+    pub id: u64,
+    pub leader_id: Option<u64>,
+    pub state: String,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub last_applied: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub replicas: usize,
+    /// Extra flags for every replica.
+    pub extra_args: Vec<String>,
+    /// `RUST_LOG` for the replicas.
+    pub log_filter: String,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            replicas: 3,
+            extra_args: Vec::new(),
+            log_filter: "info,openraft=warn,sled=warn,h2=warn".into(),
+        }
+    }
+}
+
+pub struct ReplicaProc {
+    pub id: u64,
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct Cluster {
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    pub replicas: Vec<ReplicaProc>,
+    initial_cluster: String,
+    options: ClusterOptions,
+}
+
+/// The `coordinator` binary of this workspace, built if needed (once per test process).
+/// `COORD_BIN` overrides it.
+pub fn coordinator_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("COORD_BIN") {
+            return PathBuf::from(p);
+        }
+        // target/<profile>/deps/<test binary> → target/<profile>
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut profile_dir = exe.parent().expect("exe dir").to_path_buf();
+        if profile_dir.ends_with("deps") {
+            profile_dir.pop();
+        }
+        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+        let release = profile_dir.ends_with("release");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(workspace)
+            .args(["build", "--quiet", "-p", "coord-server", "--bin", "coordinator", "--target-dir"])
+            .arg(&target_dir);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build for the coordinator binary");
+        assert!(status.success(), "building the coordinator binary failed");
+        profile_dir.join("coordinator")
+    })
+    .clone()
+}
+
+/// `n` distinct free loopback ports (all held open while picking, so they differ).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+impl Cluster {
+    /// Starts an ensemble and returns without waiting for a leader.
+    pub fn start(options: ClusterOptions) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("coord-cluster-")
+            .tempdir()
+            .expect("temp dir");
+        let root = dir.path().to_path_buf();
+        let ports = free_ports(options.replicas * 2);
+        let replicas: Vec<ReplicaProc> = (0..options.replicas)
+            .map(|i| {
+                let id = i as u64 + 1;
+                ReplicaProc {
+                    id,
+                    grpc: SocketAddr::from(([127, 0, 0, 1], ports[2 * i])),
+                    http: SocketAddr::from(([127, 0, 0, 1], ports[2 * i + 1])),
+                    data_dir: root.join(format!("data-{id}")),
+                    log_path: root.join(format!("replica-{id}.log")),
+                    child: None,
+                }
+            })
+            .collect();
+        let initial_cluster = replicas
+            .iter()
+            .map(|r| format!("{}={}", r.id, r.grpc))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Self {
+            dir: Some(dir),
+            root,
+            replicas,
+            initial_cluster,
+            options,
+        };
+        for id in c.ids() {
+            c.spawn(id);
+        }
+        c
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.replicas.iter().map(|r| r.id).collect()
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn initial_cluster(&self) -> &str {
+        &self.initial_cluster
+    }
+
+    pub fn replica(&self, id: u64) -> &ReplicaProc {
+        self.replicas.iter().find(|r| r.id == id).expect("no such replica")
+    }
+
+    fn replica_mut(&mut self, id: u64) -> &mut ReplicaProc {
+        self.replicas.iter_mut().find(|r| r.id == id).expect("no such replica")
+    }
+
+    /// gRPC addresses of every replica.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.replicas.iter().map(|r| r.grpc.to_string()).collect()
+    }
+
+    /// The flags replica `id` runs with.
+    pub fn args_of(&self, id: u64) -> Vec<String> {
+        let r = self.replica(id);
+        let mut args = vec![
+            "--id".to_string(),
+            id.to_string(),
+            "--listen".into(),
+            r.grpc.to_string(),
+            "--http-listen".into(),
+            r.http.to_string(),
+            "--initial-cluster".into(),
+            self.initial_cluster.clone(),
+            "--data-dir".into(),
+            r.data_dir.display().to_string(),
+        ];
+        args.extend(self.options.extra_args.iter().cloned());
+        args
+    }
+
+    /// Starts (or restarts) replica `id` with its usual flags; its output goes to its log file.
+    pub fn spawn(&mut self, id: u64) {
+        let args = self.args_of(id);
+        self.spawn_with(id, &args);
+    }
+
+    /// Starts replica `id` with exactly `args`.
+    pub fn spawn_with(&mut self, id: u64, args: &[String]) {
+        let filter = self.options.log_filter.clone();
+        let r = self.replica_mut(id);
+        assert!(r.child.is_none(), "replica {id} is already running");
+        let log = open_log(&r.log_path);
+        let child = Command::new(coordinator_binary())
+            .args(args)
+            .env("RUST_LOG", filter)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn coordinator");
+        r.child = Some(child);
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.replica_mut(id).child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for the process to exit (kill -9 after `grace`).
+    pub fn terminate(&mut self, id: u64, grace: Duration) {
+        let Some(mut c) = self.replica_mut(id).child.take() else { return };
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        let deadline = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Whether replica `id`'s process is alive; reaps it if it exited.
+    pub fn is_running(&mut self, id: u64) -> bool {
+        let r = self.replica_mut(id);
+        match &mut r.child {
+            None => false,
+            Some(c) => match c.try_wait() {
+                Ok(None) => true,
+                _ => {
+                    r.child = None;
+                    false
+                }
+            },
+        }
+    }
+
+    /// Waits for replica `id` to exit by itself and returns its exit code.
+    pub fn wait_exit(&mut self, id: u64, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        let r = self.replica_mut(id);
+        let c = r.child.as_mut()?;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = c.try_wait() {
+                r.child = None;
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(&self.replica(id).log_path).unwrap_or_default()
+    }
+
+    /// Replica `id`'s `/status`, if it answers.
+    pub fn status(&self, id: u64) -> Option<StatusView> {
+        let (code, body) = http::get(self.replica(id).http, "/status").ok()?;
+        if code != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
+    /// Waits until every running replica reports the same leader, which reports itself leader;
+    /// returns its id.
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.agreed_leader() {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader within {timeout:?}; statuses: {:?}",
+                self.statuses()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn statuses(&mut self) -> Vec<(u64, Option<StatusView>)> {
+        let ids: Vec<u64> = self.ids().into_iter().filter(|&id| self.is_running(id)).collect();
+        ids.into_iter().map(|id| (id, self.status(id))).collect()
+    }
+
+    fn agreed_leader(&mut self) -> Option<u64> {
+        let statuses = self.statuses();
+        let first = statuses.first()?.1.as_ref()?.leader_id?;
+        let all_agree = statuses
+            .iter()
+            .all(|(_, s)| s.as_ref().and_then(|s| s.leader_id) == Some(first));
+        let leader_says_so = statuses
+            .iter()
+            .any(|(id, s)| *id == first && s.as_ref().is_some_and(|s| s.state == "Leader"));
+        (all_agree && leader_says_so).then_some(first)
+    }
+
+    /// Waits until `f` holds, polling; panics with `what` after `timeout`.
+    pub async fn wait_until(&mut self, timeout: Duration, what: &str, mut f: impl FnMut(&mut Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !f(self) {
+            assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until replica `id` has applied at least `index`.
+    pub async fn wait_applied(&mut self, id: u64, index: u64, timeout: Duration) {
+        self.wait_until(timeout, &format!("replica {id} to apply index {index}"), |c| {
+            c.status(id).is_some_and(|s| s.last_applied >= index)
+        })
+        .await;
+    }
+}
+
+fn open_log(path: &Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open replica log")
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for id in self.ids() {
+            self.kill(id);
+        }
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                let kept = dir.keep();
+                eprintln!("\n=== test failed; cluster data and logs kept in {} ===", kept.display());
+                for r in &self.replicas {
+                    let log = std::fs::read_to_string(&r.log_path).unwrap_or_default();
+                    let lines: Vec<&str> = log.lines().collect();
+                    let tail = &lines[lines.len().saturating_sub(25)..];
+                    eprintln!("--- replica {} (last {} lines) ---\n{}", r.id, tail.len(), tail.join("\n"));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! coord-tests: multi-process tests and benchmarks of coord.
+//!
+//! - [`cluster`]: starts real `coordinator` processes on free loopback ports with data in a temp
+//!   dir, restarts and kills them, polls `/status`; kills what it started when dropped, and keeps
+//!   the logs and data of a failed test.
+//! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
+
+pub mod cluster;
+pub mod http;
+
+pub use cluster::{Cluster, ClusterOptions};

@@ -1,0 +1,111 @@
+//! A replica refuses to start on a data directory that is not its own, with flags that disagree
+//! with what it was created with, or on damaged data — with a clear message and a non-zero exit,
+//! never a panic — while the rest of the ensemble keeps serving.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use coord_agent::{ClientOptions, CoordClient};
+use coord_tests::{Cluster, ClusterOptions};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts replica `id` with `args` and expects it to exit non-zero, its log saying `needle`.
+fn expect_refusal(c: &mut Cluster, id: u64, args: &[String], needle: &str) {
+    let before = c.log(id).len();
+    c.spawn_with(id, args);
+    let code = c.wait_exit(id, TIMEOUT);
+    let log = c.log(id)[before..].to_string();
+    assert!(matches!(code, Some(c) if c != 0), "replica {id} did not refuse to start (exit {code:?}); log:\n{log}");
+    assert!(log.contains(needle), "refusal should say {needle:?}; log:\n{log}");
+    assert!(!log.contains("panicked"), "refusal must not be a panic; log:\n{log}");
+}
+
+fn replace_flag(args: &[String], flag: &str, value: &str) -> Vec<String> {
+    let mut out = args.to_vec();
+    if let Some(i) = out.iter().position(|a| a == flag) {
+        out[i + 1] = value.to_string();
+    } else {
+        out.extend([flag.to_string(), value.to_string()]);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_refuses_a_foreign_data_dir_or_changed_flags() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    c.wait_for_leader(TIMEOUT).await;
+    let client = CoordClient::new(ClientOptions::new(c.endpoints())).expect("client");
+    client.insert("before", "1", false).await.expect("insert");
+    c.kill(2);
+
+    let args = c.args_of(2);
+    expect_refusal(&mut c, 2, &replace_flag(&args, "--id", "1"), "belongs to replica 2, not to replica 1");
+    let other_members = c.initial_cluster().replace(&c.replica(3).grpc.to_string(), "127.0.0.1:1");
+    expect_refusal(
+        &mut c,
+        2,
+        &replace_flag(&args, "--initial-cluster", &other_members),
+        "disagrees with the membership this replica was created with",
+    );
+    expect_refusal(&mut c, 2, &replace_flag(&args, "--cluster-token", "someone-else"), "another ensemble");
+    expect_refusal(&mut c, 2, &replace_flag(&args, "--id", "9"), "--id 9 is not one of the replicas");
+
+    // None of that touched replica 2's data: with its own flags it rejoins and catches up.
+    client.insert("while-away", "2", false).await.expect("insert with 2 of 3");
+    c.spawn(2);
+    let leader = c.wait_for_leader(TIMEOUT).await;
+    let target = c.status(leader).expect("status").last_log_index;
+    c.wait_applied(2, target, TIMEOUT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_data_is_refused_and_the_others_keep_serving() {
+    let mut c = Cluster::start(ClusterOptions {
+        // Snapshot early so there is a snapshot file to damage.
+        extra_args: vec!["--snapshot-every-entries".into(), "20".into()],
+        ..ClusterOptions::default()
+    });
+    c.wait_for_leader(TIMEOUT).await;
+    let client = CoordClient::new(ClientOptions::new(c.endpoints())).expect("client");
+    for i in 0..60 {
+        client.insert(&format!("k/{i}"), "v", false).await.expect("insert");
+    }
+    let snap = c.replica(3).data_dir.join("snapshots/snapshot.bin");
+    c.wait_until(TIMEOUT, "replica 3 to write a snapshot", |_| snap.exists()).await;
+
+    // A truncated snapshot.
+    c.kill(3);
+    let bytes = std::fs::read(&snap).expect("read snapshot");
+    std::fs::write(&snap, &bytes[..bytes.len() / 2]).expect("truncate snapshot");
+    let args = c.args_of(3);
+    expect_refusal(&mut c, 3, &args, "is corrupt");
+    client.insert("still", "serving", false).await.expect("two replicas still serve");
+    std::fs::write(&snap, &bytes).expect("restore snapshot");
+
+    // sled's log file overwritten with garbage: sled alone would read it as an empty log and the
+    // replica would forget its vote; the witness catches it.
+    c.kill(2);
+    let raft_dir = c.replica(2).data_dir.join("raft");
+    let db = raft_dir.join("db");
+    let original = std::fs::read(&db).expect("db file");
+    std::fs::write(&db, vec![0xA5u8; original.len().max(4096)]).expect("scribble over the log");
+    let args = c.args_of(2);
+    expect_refusal(&mut c, 2, &args, "is damaged");
+
+    // The whole Raft directory deleted, the identity left behind.
+    std::fs::remove_dir_all(&raft_dir).expect("remove raft dir");
+    expect_refusal(&mut c, 2, &args, "Raft state (raft/) is gone");
+
+    // A data dir that is a file.
+    let file = c.root().join("not-a-dir");
+    std::fs::write(&file, b"x").expect("write file");
+    let args = replace_flag(&c.args_of(2), "--data-dir", &file.display().to_string());
+    expect_refusal(&mut c, 2, &args, "cannot create data directory");
+
+    // Replica 3 with its snapshot restored rejoins; the ensemble has everything.
+    c.spawn(3);
+    c.wait_for_leader(TIMEOUT).await;
+    assert_eq!(client.try_get("still").await.expect("read"), Some(Bytes::from("serving")));
+    assert_eq!(client.get_dir("k").await.expect("dir").len(), 60);
+}
