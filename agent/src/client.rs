@@ -102,7 +102,11 @@ impl CoordClient {
             let Some(leader) = status.leader_id else {
                 continue;
             };
-            let addr = status.members.iter().find(|m| m.id == leader).map(|m| m.addr.clone())?;
+            let addr = status
+                .members
+                .iter()
+                .find(|m| m.id == leader)
+                .map(|m| m.addr.clone())?;
             if let Some(j) = self.index_of(&addr) {
                 self.inner.preferred.store(j, Ordering::Relaxed);
             }
@@ -128,7 +132,12 @@ impl CoordClient {
     }
 
     /// Inserts `key`; with `overwrite` false an existing key is ALREADY_EXISTS.
-    pub async fn insert(&self, key: &str, value: impl Into<Bytes>, overwrite: bool) -> Result<(), Status> {
+    pub async fn insert(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        overwrite: bool,
+    ) -> Result<(), Status> {
         let req = tf::InsertKeyValueRequest {
             kv: Some(tf::KeyValueEntry {
                 key: key.to_string(),
@@ -137,22 +146,41 @@ impl CoordClient {
             allow_overwrite: overwrite,
         };
         let ticket = self.inner.session.begin();
-        self.call(req, Some(&ticket), |mut c, r| async move { c.insert_key_value(r).await })
-            .await
-            .map(|_| ())
+        self.call(req, Some(&ticket), |mut c, r| async move {
+            c.insert_key_value(r).await
+        })
+        .await
+        .map(|_| ())
     }
 
     /// The value of `key`, waiting until some task inserts it.
     pub async fn get(&self, key: &str) -> Result<Bytes, Status> {
-        let req = tf::GetKeyValueRequest { key: key.to_string() };
-        let resp = self.call(req, None, |mut c, r| async move { c.get_key_value(r).await }).await?;
+        let req = tf::GetKeyValueRequest {
+            key: key.to_string(),
+        };
+        let resp = self
+            .call(
+                req,
+                None,
+                |mut c, r| async move { c.get_key_value(r).await },
+            )
+            .await?;
         Ok(resp.kv.map(|e| e.value).unwrap_or_default())
     }
 
     /// The value of `key`, or `None` if it does not exist.
     pub async fn try_get(&self, key: &str) -> Result<Option<Bytes>, Status> {
-        let req = tf::TryGetKeyValueRequest { key: key.to_string() };
-        match self.call(req, None, |mut c, r| async move { c.try_get_key_value(r).await }).await {
+        let req = tf::TryGetKeyValueRequest {
+            key: key.to_string(),
+        };
+        match self
+            .call(
+                req,
+                None,
+                |mut c, r| async move { c.try_get_key_value(r).await },
+            )
+            .await
+        {
             Ok(resp) => Ok(Some(resp.kv.map(|e| e.value).unwrap_or_default())),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(s),
@@ -164,7 +192,13 @@ impl CoordClient {
         let req = tf::GetKeyValueDirRequest {
             directory_key: dir.to_string(),
         };
-        let resp = self.call(req, None, |mut c, r| async move { c.get_key_value_dir(r).await }).await?;
+        let resp = self
+            .call(
+                req,
+                None,
+                |mut c, r| async move { c.get_key_value_dir(r).await },
+            )
+            .await?;
         Ok(resp.kv.into_iter().map(|e| (e.key, e.value)).collect())
     }
 
@@ -175,12 +209,19 @@ impl CoordClient {
             is_directory: true,
         };
         let ticket = self.inner.session.begin();
-        self.call(req, Some(&ticket), |mut c, r| async move { c.delete_key_value(r).await })
-            .await
-            .map(|_| ())
+        self.call(req, Some(&ticket), |mut c, r| async move {
+            c.delete_key_value(r).await
+        })
+        .await
+        .map(|_| ())
     }
 
-    async fn call<Req, Resp, F, Fut>(&self, req: Req, ticket: Option<&Ticket>, f: F) -> Result<Resp, Status>
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        req: Req,
+        ticket: Option<&Ticket>,
+        f: F,
+    ) -> Result<Resp, Status>
     where
         Req: Clone,
         F: Fn(CoordinationServiceClient<Channel>, Request<Req>) -> Fut,

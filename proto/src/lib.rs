@@ -21,5 +21,4 @@ pub mod coord {
     }
 }
 
-
 pub mod metadata;

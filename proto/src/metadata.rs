@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tonic::metadata::MetadataMap;
 
-pub const CLIENT_ID: &str = "coord-client-id";
-pub const SEQ: &str = "coord-seq";
-pub const ACKED_BELOW: &str = "coord-acked-below";
+/// A mutation's request id: `<client>.<seq>.<acked_below>`, each a decimal u64 (one header, so
+/// that it costs one HPACK literal per request).
+pub const REQUEST_ID: &str = "coord-request-id";
 /// Set by a replica forwarding a request to the leader; the leader never forwards it again.
 pub const FORWARDED: &str = "coord-forwarded";
 /// On `UNAVAILABLE`: who leads, so the client can go there.
@@ -32,33 +32,28 @@ pub struct WireRequestId {
 impl WireRequestId {
     /// Reads the id from metadata: `None` if absent, an error naming the header if malformed.
     pub fn read(md: &MetadataMap) -> Result<Option<Self>, String> {
-        let field = |name: &str| -> Result<Option<u64>, String> {
-            match md.get(name) {
-                None => Ok(None),
-                Some(v) => v
-                    .to_str()
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .map(Some)
-                    .ok_or_else(|| format!("metadata {name} must be a decimal u64")),
-            }
+        let Some(v) = md.get(REQUEST_ID) else {
+            return Ok(None);
         };
-        match (field(CLIENT_ID)?, field(SEQ)?) {
-            (None, None) => Ok(None),
-            (Some(client), Some(seq)) => Ok(Some(Self {
-                client,
-                seq,
-                acked_below: field(ACKED_BELOW)?.unwrap_or(0),
-            })),
-            _ => Err(format!("metadata {CLIENT_ID} and {SEQ} must be sent together")),
-        }
+        let bad =
+            || format!("metadata {REQUEST_ID} must be <client>.<seq>.<acked_below> (decimal u64s)");
+        let text = v.to_str().map_err(|_| bad())?;
+        let mut parts = text.split('.').map(|p| p.parse::<u64>().map_err(|_| bad()));
+        let (Some(client), Some(seq), Some(acked_below), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        Ok(Some(Self {
+            client: client?,
+            seq: seq?,
+            acked_below: acked_below?,
+        }))
     }
 
     pub fn write(&self, md: &mut MetadataMap) {
-        for (name, v) in [(CLIENT_ID, self.client), (SEQ, self.seq), (ACKED_BELOW, self.acked_below)] {
-            if let Ok(v) = v.to_string().parse() {
-                md.insert(name, v);
-            }
+        if let Ok(v) = format!("{}.{}.{}", self.client, self.seq, self.acked_below).parse() {
+            md.insert(REQUEST_ID, v);
         }
     }
 }
@@ -84,7 +79,10 @@ impl RequestSession {
     pub fn begin(self: &Arc<Self>) -> Ticket {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let acked_below = {
-            let mut f = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut f = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             f.insert(seq);
             f.first().copied().unwrap_or(seq)
         };
@@ -141,12 +139,10 @@ mod tests {
         id.write(&mut md);
         assert_eq!(WireRequestId::read(&md), Ok(Some(id)));
         assert_eq!(WireRequestId::read(&MetadataMap::new()), Ok(None));
-        let mut bad = MetadataMap::new();
-        bad.insert(CLIENT_ID, "x".parse().expect("ascii"));
-        bad.insert(SEQ, "1".parse().expect("ascii"));
-        assert!(WireRequestId::read(&bad).is_err());
-        let mut half = MetadataMap::new();
-        half.insert(SEQ, "1".parse().expect("ascii"));
-        assert!(WireRequestId::read(&half).is_err());
+        for bad in ["x.1.1", "1.2", "1.2.3.4", "", "1..3", "-1.2.3"] {
+            let mut md = MetadataMap::new();
+            md.insert(REQUEST_ID, bad.parse().expect("ascii"));
+            assert!(WireRequestId::read(&md).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -4,6 +4,17 @@
 //! `/a//b/` and `a/b` name the same entry. Every key is normalized before it is proposed, and the
 //! state machine normalizes again so that its behaviour does not depend on the caller.
 
+/// Returns `key` with runs of `/` collapsed and leading/trailing `/` removed, without copying a
+/// key that is already normal.
+pub fn normalized(key: &str) -> std::borrow::Cow<'_, str> {
+    let normal = !key.starts_with('/') && !key.ends_with('/') && !key.contains("//");
+    if normal {
+        std::borrow::Cow::Borrowed(key)
+    } else {
+        std::borrow::Cow::Owned(normalize_key(key))
+    }
+}
+
 /// Returns `key` with runs of `/` collapsed and leading/trailing `/` removed.
 pub fn normalize_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
@@ -35,6 +46,9 @@ mod tests {
         assert_eq!(normalize_key(""), "");
         assert_eq!(normalize_key("x"), "x");
         assert_eq!(normalize_key("//x///y//z"), "x/y/z");
+        for k in ["/a//b/", "a/b", "///", "", "x", "//x///y//z", "a/", "/a"] {
+            assert_eq!(normalized(k), normalize_key(k), "{k:?}");
+        }
     }
 
     #[test]
@@ -44,7 +58,10 @@ mod tests {
             assert!(k >= lo.as_str() && k < hi.as_str(), "{k} should be inside");
         }
         for k in ["a/b", "a/bc", "a/b0", "a/c", "a/a/z"] {
-            assert!(!(k >= lo.as_str() && k < hi.as_str()), "{k} should be outside");
+            assert!(
+                !(k >= lo.as_str() && k < hi.as_str()),
+                "{k} should be outside"
+            );
         }
     }
 }

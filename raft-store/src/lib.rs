@@ -12,6 +12,10 @@
 //! - [`stats`]: counters and histograms for metrics.
 //! - [`types`]: the openraft type configuration.
 
+// openraft's storage traits return its `StorageError` (over 200 bytes) by value; helpers share
+// that type rather than box it and convert at every trait boundary.
+#![allow(clippy::result_large_err)]
+
 pub mod codec;
 pub mod command;
 pub mod key;

@@ -54,11 +54,17 @@ impl Gate {
 
 impl SyncHook for Gate {
     fn before_sync(&self) -> io::Result<()> {
-        let mut s = self.state.lock().map_err(|_| io::Error::other("gate poisoned"))?;
+        let mut s = self
+            .state
+            .lock()
+            .map_err(|_| io::Error::other("gate poisoned"))?;
         s.waiting += 1;
         self.changed.notify_all();
         while s.closed {
-            s = self.changed.wait(s).map_err(|_| io::Error::other("gate poisoned"))?;
+            s = self
+                .changed
+                .wait(s)
+                .map_err(|_| io::Error::other("gate poisoned"))?;
         }
         s.waiting -= 1;
         s.passed += 1;
@@ -87,7 +93,11 @@ fn put(seq: u64, key: &str) -> Proposal {
     )
 }
 
-async fn start_single(dir: &std::path::Path, gate: &Arc<Gate>, init: bool) -> (Raft, coord_raft_store::storage::StateReader) {
+async fn start_single(
+    dir: &std::path::Path,
+    gate: &Arc<Gate>,
+    init: bool,
+) -> (Raft, coord_raft_store::storage::StateReader) {
     let options = StoreOptions {
         sync_hook: Some(gate.clone()),
         ..StoreOptions::default()
@@ -136,8 +146,14 @@ async fn a_write_is_acknowledged_only_after_its_sync() {
     // The entry is appended and the sync that covers it is held: nothing may be acknowledged,
     // and (one replica, so commit needs the local sync) nothing applied.
     tokio::task::yield_now().await;
-    assert!(!writer.is_finished(), "write acknowledged while its sync was held");
-    assert!(!has_key(&reader, "held"), "write applied before it was durable");
+    assert!(
+        !writer.is_finished(),
+        "write acknowledged while its sync was held"
+    );
+    assert!(
+        !has_key(&reader, "held"),
+        "write applied before it was durable"
+    );
 
     gate.set(|s| s.closed = false);
     let resp = tokio::time::timeout(Duration::from_secs(20), writer)
@@ -157,9 +173,13 @@ async fn a_failed_sync_is_never_acknowledged() {
     let (raft, reader) = start_single(dir.path(), &gate, true).await;
 
     gate.set(|s| s.fail = true);
-    let result = tokio::time::timeout(Duration::from_secs(20), raft.client_write(put(1, "lost"))).await;
+    let result =
+        tokio::time::timeout(Duration::from_secs(20), raft.client_write(put(1, "lost"))).await;
     // Either the write fails or it never completes; it must not succeed.
-    assert!(!matches!(result, Ok(Ok(_))), "a write whose sync failed was acknowledged");
+    assert!(
+        !matches!(result, Ok(Ok(_))),
+        "a write whose sync failed was acknowledged"
+    );
     assert!(!has_key(&reader, "lost"));
     let _ = raft.shutdown().await;
 }
@@ -209,7 +229,11 @@ async fn writers_queued_behind_a_sync_share_the_next_one() {
         "{n} queued writers took {syncs} syncs: the flusher does not group"
     );
     let mut log = log;
-    assert!(log.read_vote().await.expect("read vote").is_some_and(|v| v.leader_id.term >= 2));
+    assert!(log
+        .read_vote()
+        .await
+        .expect("read vote")
+        .is_some_and(|v| v.leader_id.term >= 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,7 +269,9 @@ async fn committed_writes_survive_a_restart() {
     {
         let (raft, _reader) = start_single(dir.path(), &gate, true).await;
         for i in 0..50u64 {
-            raft.client_write(put(i + 1, &format!("r{i}"))).await.expect("write");
+            raft.client_write(put(i + 1, &format!("r{i}")))
+                .await
+                .expect("write");
         }
         raft.shutdown().await.expect("shutdown");
     }
@@ -256,7 +282,10 @@ async fn committed_writes_survive_a_restart() {
         .await
         .expect("replay");
     for i in 0..50 {
-        assert!(has_key(&reader, &format!("r{i}")), "r{i} lost across restart");
+        assert!(
+            has_key(&reader, &format!("r{i}")),
+            "r{i} lost across restart"
+        );
     }
     raft.shutdown().await.expect("shutdown");
 }

@@ -9,7 +9,9 @@ use openraft::testing::{StoreBuilder, Suite};
 struct SledBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for SledBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (log, sm) = common::open_store(dir.path(), StoreOptions::default());
         Ok((dir, log, sm))
@@ -17,6 +19,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
 }
 
 #[test]
-fn openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(SledBuilder)
+fn openraft_storage_suite() {
+    if let Err(e) = Suite::test_all(SledBuilder) {
+        panic!("openraft storage suite failed: {e}");
+    }
 }

@@ -44,10 +44,12 @@ pub struct Args {
     pub heartbeat_ms: u64,
 
     /// A follower that hears no leader for a random time in [min, max] starts an election.
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = 150)]
     pub election_timeout_min_ms: u64,
 
-    #[arg(long, default_value_t = 500)]
+    /// Also the leader lease: a voter refuses other candidates this long after it last heard
+    /// from its leader, and a leader serves only this long after a quorum last acknowledged it.
+    #[arg(long, default_value_t = 300)]
     pub election_timeout_max_ms: u64,
 
     /// Take a snapshot (and purge the log before it) after this many entries.
@@ -71,6 +73,10 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub max_inflight_proposals: usize,
 
+    /// Threads of the async runtime; 0 = one per CPU core.
+    #[arg(long, default_value_t = 0)]
+    pub worker_threads: usize,
+
     /// /readyz fails while this replica is more entries than this behind the leader.
     #[arg(long, default_value_t = 1_000)]
     pub ready_max_lag: u64,
@@ -91,7 +97,10 @@ fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
             .parse()
             .map_err(|_| format!("replica id {id:?} in {part:?} is not a number"))?;
         let addr = addr.trim();
-        if addr.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+        if addr
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
             return Err(format!("address {addr:?} of replica {id} is not host:port"));
         }
         if members.insert(id, addr.to_string()).is_some() {
@@ -139,7 +148,11 @@ impl Args {
 
 impl InitialCluster {
     fn ids(&self) -> String {
-        self.0.keys().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        self.0
+            .keys()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// A stable id for the ensemble, from its token and initial members (as etcd derives its
@@ -180,7 +193,15 @@ mod tests {
 
     #[test]
     fn rejects_bad_initial_cluster() {
-        for bad in ["", "1", "x=h:1", "1=h", "1=h:notaport", "1=h:1,1=h:2", "1=:5"] {
+        for bad in [
+            "",
+            "1",
+            "x=h:1",
+            "1=h",
+            "1=h:notaport",
+            "1=h:1,1=h:2",
+            "1=:5",
+        ] {
             assert!(parse_initial_cluster(bad).is_err(), "{bad:?} accepted");
         }
     }

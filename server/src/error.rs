@@ -9,7 +9,6 @@ use tonic::{Code, Status};
 
 use coord_proto::metadata::{LEADER_ADDR as LEADER_ADDR_HEADER, LEADER_ID as LEADER_ID_HEADER};
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
     #[error("{0}")]

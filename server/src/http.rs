@@ -28,7 +28,11 @@ struct HttpState {
     peers: PeerChannels,
 }
 
-pub async fn serve(listener: TcpListener, replica: Arc<Replica>, stop: impl Future<Output = ()> + Send + 'static) {
+pub async fn serve(
+    listener: TcpListener,
+    replica: Arc<Replica>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
     let state = Arc::new(HttpState {
         replica,
         peers: PeerChannels::default(),
@@ -39,7 +43,10 @@ pub async fn serve(listener: TcpListener, replica: Arc<Replica>, stop: impl Futu
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .with_state(state);
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+    {
         tracing::warn!(error = %e, "HTTP server ended with an error");
     }
 }
@@ -47,7 +54,11 @@ pub async fn serve(listener: TcpListener, replica: Arc<Replica>, stop: impl Futu
 async fn livez(State(s): State<Arc<HttpState>>) -> Response {
     match &s.replica.raft.metrics().borrow().running_state {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("Raft stopped: {e}\n")).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("Raft stopped: {e}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -58,7 +69,11 @@ async fn status(State(s): State<Arc<HttpState>>) -> Json<crate::status::ReplicaS
 async fn readyz(State(s): State<Arc<HttpState>>) -> Response {
     match readiness(&s).await {
         Ok(msg) => (StatusCode::OK, format!("{msg}\n")).into_response(),
-        Err(msg) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {msg}\n")).into_response(),
+        Err(msg) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {msg}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -71,8 +86,12 @@ async fn readiness(s: &HttpState) -> Result<String, String> {
     if leader == me.id {
         let lease = s.replica.args.election_timeout_max_ms;
         return match me.millis_since_quorum_ack {
-            Some(ms) if ms <= lease => Ok(format!("ready: replica {} leads term {}", me.id, me.term)),
-            Some(ms) => Err(format!("leader without a quorum acknowledgement for {ms} ms")),
+            Some(ms) if ms <= lease => {
+                Ok(format!("ready: replica {} leads term {}", me.id, me.term))
+            }
+            Some(ms) => Err(format!(
+                "leader without a quorum acknowledgement for {ms} ms"
+            )),
             None => Err("leader not yet acknowledged by a quorum".into()),
         };
     }
@@ -85,11 +104,14 @@ async fn readiness(s: &HttpState) -> Result<String, String> {
     let channel = s.peers.get(&addr)?;
     let mut req = tonic::Request::new(StatusRequest {});
     req.set_timeout(Duration::from_secs(1));
-    let leader_view = tokio::time::timeout(Duration::from_secs(1), AdminClient::new(channel).status(req))
-        .await
-        .map_err(|_| format!("leader {leader} at {addr} did not answer in time"))?
-        .map_err(|e| format!("leader {leader} at {addr}: {}", e.message()))?
-        .into_inner();
+    let leader_view = tokio::time::timeout(
+        Duration::from_secs(1),
+        AdminClient::new(channel).status(req),
+    )
+    .await
+    .map_err(|_| format!("leader {leader} at {addr} did not answer in time"))?
+    .map_err(|e| format!("leader {leader} at {addr}: {}", e.message()))?
+    .into_inner();
     let matched = leader_view
         .members
         .iter()
@@ -104,39 +126,133 @@ async fn readiness(s: &HttpState) -> Result<String, String> {
             "{lag} entries behind leader {leader} and {apply_lag} entries not yet applied (limit {max_lag})"
         ));
     }
-    Ok(format!("ready: following leader {leader}, {lag} entries behind"))
+    Ok(format!(
+        "ready: following leader {leader}, {lag} entries behind"
+    ))
 }
 
 async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
     let r = &s.replica;
     let st = r.status();
     let mut out = String::with_capacity(8 << 10);
-    gauge(&mut out, "coord_raft_term", "Current Raft term.", st.term as f64);
-    gauge(&mut out, "coord_raft_is_leader", "1 if this replica leads.", f64::from(u8::from(st.leader_id == Some(st.id))));
-    gauge(&mut out, "coord_raft_last_log_index", "Last index in this replica's log.", st.last_log_index as f64);
-    gauge(&mut out, "coord_raft_last_applied_index", "Last index applied to the state machine.", st.last_applied as f64);
-    gauge(&mut out, "coord_raft_snapshot_index", "Last index covered by the snapshot.", st.snapshot_index as f64);
+    gauge(
+        &mut out,
+        "coord_raft_term",
+        "Current Raft term.",
+        st.term as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_raft_is_leader",
+        "1 if this replica leads.",
+        f64::from(u8::from(st.leader_id == Some(st.id))),
+    );
+    gauge(
+        &mut out,
+        "coord_raft_last_log_index",
+        "Last index in this replica's log.",
+        st.last_log_index as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_raft_last_applied_index",
+        "Last index applied to the state machine.",
+        st.last_applied as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_raft_snapshot_index",
+        "Last index covered by the snapshot.",
+        st.snapshot_index as f64,
+    );
     r.metrics.render_rpcs(&mut out);
 
     let p = r.kv.proposer.stats();
-    gauge(&mut out, "coord_proposal_queue_depth", "Client writes waiting for a Raft entry.", p.queued.load(Relaxed) as f64);
-    counter(&mut out, "coord_proposal_entries_total", "Raft entries proposed for client writes.", p.entries.load(Relaxed));
-    counter(&mut out, "coord_proposal_commands_total", "Client writes proposed (commands_total / entries_total = batching).", p.commands.load(Relaxed));
-    single_histogram(&mut out, "coord_commit_latency_seconds", "From a write's arrival at the proposer to its applied result.", &p.commit_latency);
+    gauge(
+        &mut out,
+        "coord_proposal_queue_depth",
+        "Client writes waiting for a Raft entry.",
+        p.queued.load(Relaxed) as f64,
+    );
+    counter(
+        &mut out,
+        "coord_proposal_entries_total",
+        "Raft entries proposed for client writes.",
+        p.entries.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_commands_total",
+        "Client writes proposed (commands_total / entries_total = batching).",
+        p.commands.load(Relaxed),
+    );
+    single_histogram(
+        &mut out,
+        "coord_commit_latency_seconds",
+        "From a write's arrival at the proposer to its applied result.",
+        &p.commit_latency,
+    );
 
     let ri = r.kv.read_index.stats();
-    counter(&mut out, "coord_read_index_rounds_total", "Leadership confirmation rounds for linearizable reads.", ri.rounds.load(Relaxed));
-    counter(&mut out, "coord_read_index_reads_total", "Linearizable reads served by those rounds.", ri.reads.load(Relaxed));
-    single_histogram(&mut out, "coord_read_index_round_seconds", "Duration of a read-index round.", &ri.round_latency);
+    counter(
+        &mut out,
+        "coord_read_index_rounds_total",
+        "Leadership confirmation rounds for linearizable reads.",
+        ri.rounds.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_read_index_reads_total",
+        "Linearizable reads served by those rounds.",
+        ri.reads.load(Relaxed),
+    );
+    single_histogram(
+        &mut out,
+        "coord_read_index_round_seconds",
+        "Duration of a read-index round.",
+        &ri.round_latency,
+    );
 
     let sy = &r.sync_stats;
-    counter(&mut out, "coord_log_syncs_total", "fdatasync calls of the Raft log.", sy.syncs.load(Relaxed));
-    counter(&mut out, "coord_log_synced_writes_total", "Log writes made durable (synced_writes_total / syncs_total = group commit).", sy.jobs.load(Relaxed));
-    single_histogram(&mut out, "coord_log_sync_seconds", "Duration of a log sync (sled flush + fdatasync).", &sy.latency);
+    counter(
+        &mut out,
+        "coord_log_syncs_total",
+        "fdatasync calls of the Raft log.",
+        sy.syncs.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_log_synced_writes_total",
+        "Log writes made durable (synced_writes_total / syncs_total = group commit).",
+        sy.jobs.load(Relaxed),
+    );
+    single_histogram(
+        &mut out,
+        "coord_log_sync_seconds",
+        "Duration of a log sync (sled flush + fdatasync).",
+        &sy.latency,
+    );
 
-    gauge(&mut out, "coord_parked_calls", "Blocking calls parked on this replica.", r.hub.parked.len() as f64);
+    gauge(
+        &mut out,
+        "coord_parked_calls",
+        "Blocking calls parked on this replica.",
+        r.hub.parked.len() as f64,
+    );
     let keys = r.kv.reader.read(|a| a.state.kv.len());
-    gauge(&mut out, "coord_kv_keys", "Keys in the key-value store.", keys as f64);
+    gauge(
+        &mut out,
+        "coord_kv_keys",
+        "Keys in the key-value store.",
+        keys as f64,
+    );
     let _ = writeln!(out);
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        out,
+    )
+        .into_response()
 }

@@ -27,7 +27,11 @@ pub struct ReplicaIdentity {
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error("data directory {dir} belongs to replica {stored}, not to replica {given} (--id)")]
-    OtherReplica { dir: String, stored: u64, given: u64 },
+    OtherReplica {
+        dir: String,
+        stored: u64,
+        given: u64,
+    },
     #[error("data directory {dir} belongs to another ensemble (cluster id {stored:016x}, initial cluster {stored_cluster}); this replica was started for cluster id {given:016x} (check --cluster-token and --initial-cluster)")]
     OtherCluster {
         dir: String,
@@ -96,7 +100,11 @@ fn write(dir: &Path, identity: &ReplicaIdentity) -> Result<(), IdentityError> {
     files::write_atomically(dir, IDENTITY_FILE, &bytes).map_err(|e| file_err(e.to_string()))
 }
 
-fn compare(dir: &str, stored: &ReplicaIdentity, given: &ReplicaIdentity) -> Result<(), IdentityError> {
+fn compare(
+    dir: &str,
+    stored: &ReplicaIdentity,
+    given: &ReplicaIdentity,
+) -> Result<(), IdentityError> {
     if stored.replica_id != given.replica_id {
         return Err(IdentityError::OtherReplica {
             dir: dir.to_string(),
@@ -127,7 +135,12 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn ident(replica: u64, token: &str, members: &[(u64, &str)]) -> ReplicaIdentity {
-        let c = InitialCluster(members.iter().map(|(i, a)| (*i, a.to_string())).collect::<BTreeMap<_, _>>());
+        let c = InitialCluster(
+            members
+                .iter()
+                .map(|(i, a)| (*i, a.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
         ReplicaIdentity {
             cluster_id: c.cluster_id(token),
             replica_id: replica,
@@ -142,7 +155,11 @@ mod tests {
         assert!(compare("d", &base, &ident(1, "t", &m)).is_ok());
         assert!(matches!(
             compare("d", &base, &ident(2, "t", &m)),
-            Err(IdentityError::OtherReplica { stored: 1, given: 2, .. })
+            Err(IdentityError::OtherReplica {
+                stored: 1,
+                given: 2,
+                ..
+            })
         ));
         assert!(matches!(
             compare("d", &base, &ident(1, "other", &m)),

@@ -83,7 +83,15 @@ impl KvCore {
                 self.limits.max_value_bytes
             )));
         }
-        self.commit(id, Op::KvPut { key, value, overwrite }).await?;
+        self.commit(
+            id,
+            Op::KvPut {
+                key,
+                value,
+                overwrite,
+            },
+        )
+        .await?;
         Ok(())
     }
 
@@ -97,11 +105,18 @@ impl KvCore {
     }
 
     /// Adds `delta` to the decimal integer at the key (0 if missing); returns the new value.
-    pub async fn increment(&self, id: Option<RequestId>, raw_key: &str, delta: i64) -> Result<Bytes, CoordError> {
+    pub async fn increment(
+        &self,
+        id: Option<RequestId>,
+        raw_key: &str,
+        delta: i64,
+    ) -> Result<Bytes, CoordError> {
         let key = self.check_key(raw_key, "key")?;
         match self.commit(id, Op::KvIncrement { key, delta }).await? {
             Output::Value(v) => Ok(v),
-            other => Err(CoordError::Internal(format!("increment returned {other:?}"))),
+            other => Err(CoordError::Internal(format!(
+                "increment returned {other:?}"
+            ))),
         }
     }
 
@@ -109,7 +124,9 @@ impl KvCore {
     pub async fn try_get(&self, raw_key: &str) -> Result<(String, Bytes), CoordError> {
         let key = self.check_key(raw_key, "key")?;
         self.read_index.linearize().await?;
-        let value = self.reader.read(|a| a.state.kv.get(&key).map(|e| e.value.clone()));
+        let value = self
+            .reader
+            .read(|a| a.state.kv.get(&key).map(|e| e.value.clone()));
         match value {
             Some(v) => Ok((key, v)),
             None => Err(CoordError::NotFound { key }),
@@ -142,7 +159,10 @@ impl KvCore {
     }
 
     /// Every entry strictly under the directory, sorted by key; linearizable.
-    pub async fn get_dir(&self, raw_dir: &str) -> Result<(String, Vec<(String, Bytes)>), CoordError> {
+    pub async fn get_dir(
+        &self,
+        raw_dir: &str,
+    ) -> Result<(String, Vec<(String, Bytes)>), CoordError> {
         let dir = self.check_key(raw_dir, "directory key")?;
         self.read_index.linearize().await?;
         let entries = self.reader.read(|a| {

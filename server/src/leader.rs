@@ -1,21 +1,23 @@
-//! Who leads, as this replica currently believes, from openraft's metrics.
-//!
-//! The metrics channel is a `watch`: readers take a short borrow and never hold it across an
-//! `.await`.
+//! Who leads, as this replica currently believes, derived from openraft's metrics.
 //!
 //! openraft 0.9 keeps a leader in office after it lost contact with its followers (it only steps
 //! down when it hears a higher term). So a replica counts itself leader only while a quorum has
 //! acknowledged it within the lease (the longest election timeout): past that, another replica
 //! may already lead, and this one serves nothing rather than hang.
+//!
+//! openraft publishes metrics on every turn of its event loop. One task ([`LeaderWatch::start`])
+//! turns them into a [`Leadership`] value and publishes that only when it changes, so the many
+//! requests waiting on leadership (every in-flight call watches for its loss) are woken by real
+//! changes only.
 
 use std::time::Duration;
 
-use coord_raft_store::types::NodeId;
-use openraft::{RaftMetrics, ServerState};
+use coord_raft_store::types::{NodeId, Raft};
+use openraft::{BasicNode, RaftMetrics, ServerState};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use openraft::BasicNode;
+use crate::tasks::TaskGuard;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Leadership {
@@ -38,61 +40,46 @@ impl Leadership {
 
 #[derive(Clone)]
 pub struct LeaderWatch {
-    me: NodeId,
-    lease_ms: u64,
-    rx: watch::Receiver<RaftMetrics<NodeId, BasicNode>>,
+    rx: watch::Receiver<Leadership>,
 }
 
 impl LeaderWatch {
-    pub fn new(me: NodeId, lease: Duration, rx: watch::Receiver<RaftMetrics<NodeId, BasicNode>>) -> Self {
-        Self {
-            me,
-            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-            rx,
-        }
+    /// Starts deriving leadership from `raft`'s metrics.
+    pub fn start(raft: &Raft, me: NodeId, lease: Duration, tasks: &mut TaskGuard) -> Self {
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let mut metrics = raft.metrics();
+        let (tx, rx) = watch::channel(leadership_of(me, lease_ms, &metrics.borrow()));
+        tasks.spawn("leadership", async move {
+            while metrics.changed().await.is_ok() {
+                let now = leadership_of(me, lease_ms, &metrics.borrow_and_update());
+                tx.send_if_modified(|l| {
+                    let changed = *l != now;
+                    *l = now;
+                    changed
+                });
+            }
+            // Raft stopped: nobody leads here any more.
+            tx.send_replace(Leadership::Unknown);
+        });
+        Self { rx }
     }
 
     pub fn current(&self) -> Leadership {
-        leadership_of(self.me, self.lease_ms, &self.rx.borrow())
+        self.rx.borrow().clone()
     }
 
     /// Resolves once this replica is no longer (or no longer confirmed as) the leader.
     pub async fn lost(&self) {
         let mut rx = self.rx.clone();
-        loop {
-            if leadership_of(self.me, self.lease_ms, &rx.borrow_and_update()) != Leadership::Me {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
+        let _ = rx.wait_for(|l| *l != Leadership::Me).await;
     }
 
     /// Waits until the leadership differs from `seen`, or until `until`; returns what it is then.
     pub async fn changed_from(&self, seen: &Leadership, until: Instant) -> Leadership {
         let mut rx = self.rx.clone();
-        loop {
-            let now = leadership_of(self.me, self.lease_ms, &rx.borrow_and_update());
-            if &now != seen {
-                return now;
-            }
-            let wait = until.saturating_duration_since(Instant::now());
-            if wait.is_zero() {
-                return now;
-            }
-            match tokio::time::timeout(wait, rx.changed()).await {
-                Ok(Ok(())) => continue,
-                // Raft stopped, or the time is up.
-                Ok(Err(_)) | Err(_) => return leadership_of(self.me, self.lease_ms, &rx.borrow()),
-            }
-        }
-    }
-
-    /// Waits up to `timeout` for any leader to be known.
-    pub async fn known(&self, timeout: Duration) -> Leadership {
-        let until = Instant::now() + timeout;
-        self.changed_from(&Leadership::Unknown, until).await
+        let _ = tokio::time::timeout_at(until, rx.wait_for(|l| l != seen)).await;
+        let now = rx.borrow().clone();
+        now
     }
 }
 

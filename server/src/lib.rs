@@ -9,7 +9,8 @@
 //! - [`config`], [`identity`]: flags, and the check that a data directory is this replica's.
 //! - [`replica`]: wiring, start and stop order.
 //! - [`raft_network`], [`raft_service`], [`peers`]: the openraft network adapter over gRPC.
-//! - [`leader`]: who leads, from Raft metrics.
+//! - [`leader`]: who leads, from Raft metrics; [`election`]: a prompt election after a leader
+//!   dies.
 //! - [`request_id`]: request ids in metadata, and ids for requests without one.
 //! - [`http`], [`status`], [`metrics`]: `/livez`, `/readyz`, `/status`, `/metrics`, admin RPC.
 //! - [`error`]: the error type and its single mapping to gRPC status codes.
@@ -17,6 +18,7 @@
 
 pub mod apply_hub;
 pub mod config;
+pub mod election;
 pub mod error;
 pub mod http;
 pub mod identity;

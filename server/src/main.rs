@@ -2,16 +2,34 @@
 
 use std::process::ExitCode;
 
+/// A faster allocator than glibc malloc for the many small allocations of gRPC and HTTP/2.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+fn main() -> ExitCode {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
     let args = coord_server::Args::parse();
     let id = args.id;
-    match coord_server::run(args).await {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if args.worker_threads > 0 {
+        runtime.worker_threads(args.worker_threads);
+    }
+    let runtime = match runtime.enable_all().thread_name("coord-worker").build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("coordinator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(coord_server::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("replica {id} cannot run: {e}");

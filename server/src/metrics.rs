@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use coord_raft_store::stats::{Histogram, HistogramSnapshot, LATENCY_BUCKETS};
@@ -13,36 +13,55 @@ use tonic::Code;
 
 #[derive(Default)]
 pub struct Metrics {
-    rpcs: Mutex<BTreeMap<(&'static str, i32), Arc<Histogram>>>,
+    /// Series are created on first use and then only read, hence the `RwLock`.
+    rpcs: RwLock<BTreeMap<(&'static str, i32), Arc<Histogram>>>,
     pub leader_changes: AtomicU64,
 }
 
 impl Metrics {
     pub fn record_rpc(&self, method: &'static str, code: Code, elapsed: Duration) {
-        let h = self
+        let key = (method, code as i32);
+        let existing = self
             .rpcs
-            .lock()
+            .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry((method, code as i32))
-            .or_default()
-            .clone();
+            .get(&key)
+            .cloned();
+        let h = existing.unwrap_or_else(|| {
+            self.rpcs
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(key)
+                .or_default()
+                .clone()
+        });
         h.record(elapsed);
     }
 
     pub fn render_rpcs(&self, out: &mut String) {
         let rpcs: Vec<_> = self
             .rpcs
-            .lock()
+            .read()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .map(|(k, v)| (*k, v.snapshot()))
             .collect();
-        header(out, "coord_rpc_duration_seconds", "histogram", "Client RPCs by method and gRPC status code.");
+        header(
+            out,
+            "coord_rpc_duration_seconds",
+            "histogram",
+            "Client RPCs by method and gRPC status code.",
+        );
         for ((method, code), snap) in rpcs {
             let labels = format!("method=\"{method}\",code=\"{:?}\"", Code::from(code));
             histogram(out, "coord_rpc_duration_seconds", &labels, &snap);
         }
-        counter(out, "coord_raft_leader_changes_total", "Leader changes this replica observed.", self.leader_changes.load(Relaxed));
+        counter(
+            out,
+            "coord_raft_leader_changes_total",
+            "Leader changes this replica observed.",
+            self.leader_changes.load(Relaxed),
+        );
     }
 }
 
@@ -66,7 +85,10 @@ pub fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapsh
     let mut cumulative = 0;
     for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
         cumulative += h.buckets.get(i).copied().unwrap_or(0);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+        );
     }
     let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
     let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_seconds);
@@ -91,7 +113,11 @@ mod tests {
         let mut out = String::new();
         m.render_rpcs(&mut out);
         assert!(out.contains("coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"Ok\",le=\"0.00005\"} 1"));
-        assert!(out.contains("coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"Ok\",le=\"+Inf\"} 2"));
-        assert!(out.contains("coord_rpc_duration_seconds_count{method=\"GetKeyValue\",code=\"Ok\"} 2"));
+        assert!(out.contains(
+            "coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"Ok\",le=\"+Inf\"} 2"
+        ));
+        assert!(
+            out.contains("coord_rpc_duration_seconds_count{method=\"GetKeyValue\",code=\"Ok\"} 2")
+        );
     }
 }

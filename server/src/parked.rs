@@ -10,6 +10,7 @@
 //! check and the registration.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -28,6 +29,8 @@ pub enum Wake {
 #[derive(Default)]
 pub struct ParkedGets {
     inner: Mutex<Inner>,
+    /// Mirror of `Inner::count`, so apply skips the lock when nothing is parked (the usual case).
+    parked: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -58,7 +61,11 @@ impl ParkedGets {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().count
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Registers a waiter for `key`, unless leadership was lost since `epoch`.
@@ -70,6 +77,7 @@ impl ParkedGets {
         let id = g.next_id;
         g.next_id += 1;
         g.count += 1;
+        self.parked.store(g.count, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         g.by_key.entry(key.to_string()).or_default().push((id, tx));
         Some(Parked {
@@ -82,10 +90,16 @@ impl ParkedGets {
 
     /// Hands `value` to every waiter of `key`.
     pub fn wake(&self, key: &str, value: &Bytes) {
+        // Registration happens under the state lock before apply's write lock, so a waiter that
+        // must see this value is already counted here.
+        if self.is_empty() {
+            return;
+        }
         let waiters = {
             let mut g = self.lock();
             let w = g.by_key.remove(key).unwrap_or_default();
             g.count -= w.len();
+            self.parked.store(g.count, Ordering::Relaxed);
             w
         };
         for (_, tx) in waiters {
@@ -101,6 +115,7 @@ impl ParkedGets {
                 g.epoch += 1;
             }
             g.count = 0;
+            self.parked.store(0, Ordering::Relaxed);
             std::mem::take(&mut g.by_key)
         };
         for (_, tx) in waiters.into_values().flatten() {
@@ -126,6 +141,7 @@ impl Drop for Parked {
                 g.by_key.remove(&self.key);
             }
             g.count -= removed;
+            self.registry.parked.store(g.count, Ordering::Relaxed);
         }
     }
 }

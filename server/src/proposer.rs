@@ -46,6 +46,9 @@ pub struct ProposerStats {
 pub struct Proposer {
     tx: mpsc::UnboundedSender<Pending>,
     stats: Arc<ProposerStats>,
+    raft: Raft,
+    /// One permit per entry in flight, shared by the batching task and the fast path.
+    slots: Arc<Semaphore>,
     me: u64,
 }
 
@@ -53,8 +56,18 @@ impl Proposer {
     pub fn start(raft: Raft, me: u64, max_in_flight: usize, tasks: &mut TaskGuard) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ProposerStats::default());
-        tasks.spawn("proposer", run(raft, rx, max_in_flight, stats.clone()));
-        Self { tx, stats, me }
+        let slots = Arc::new(Semaphore::new(max_in_flight));
+        tasks.spawn(
+            "proposer",
+            run(raft.clone(), rx, slots.clone(), stats.clone()),
+        );
+        Self {
+            tx,
+            stats,
+            raft,
+            slots,
+            me,
+        }
     }
 
     pub fn stats(&self) -> &Arc<ProposerStats> {
@@ -65,11 +78,42 @@ impl Proposer {
     /// replica.
     pub async fn propose(&self, command: Command) -> Result<CommandResult, CoordError> {
         let started = Instant::now();
+        // Fast path: nothing is waiting and an entry slot is free, so there is nothing to batch
+        // with; propose from this task and skip the hand-offs to and from the batching task.
+        if self.stats.queued.load(Ordering::Relaxed) == 0 {
+            if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+                self.stats.entries.fetch_add(1, Ordering::Relaxed);
+                self.stats.commands.fetch_add(1, Ordering::Relaxed);
+                let (reply, rx) = oneshot::channel();
+                match self
+                    .raft
+                    .client_write_ff(Proposal::new(now_ms(), vec![command]))
+                    .await
+                {
+                    Err(fatal) => {
+                        return Err(CoordError::Unavailable(format!(
+                            "Raft has stopped: {fatal}"
+                        )))
+                    }
+                    Ok(result_rx) => {
+                        let result = result_rx.await;
+                        drop(slot);
+                        deliver(result, vec![reply]);
+                    }
+                }
+                let result = rx.await.map_err(|_| CoordError::LeaderChanged)?;
+                self.stats.commit_latency.record(started.elapsed());
+                return result;
+            }
+        }
         let (reply, rx) = oneshot::channel();
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(Pending { command, reply }).is_err() {
             self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(CoordError::Unavailable(format!("replica {} is shutting down", self.me)));
+            return Err(CoordError::Unavailable(format!(
+                "replica {} is shutting down",
+                self.me
+            )));
         }
         let result = rx.await.map_err(|_| CoordError::LeaderChanged)?;
         self.stats.commit_latency.record(started.elapsed());
@@ -91,8 +135,12 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Pending>, max_in_flight: usize, stats: Arc<ProposerStats>) {
-    let slots = Arc::new(Semaphore::new(max_in_flight));
+async fn run(
+    raft: Raft,
+    mut rx: mpsc::UnboundedReceiver<Pending>,
+    slots: Arc<Semaphore>,
+    stats: Arc<ProposerStats>,
+) {
     while let Some(first) = rx.recv().await {
         // Waiting for a slot is what lets a batch form under load.
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -109,10 +157,15 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Pending>, max_in_flight
                 Err(_) => break,
             }
         }
-        stats.queued.fetch_sub(batch.len() as i64, Ordering::Relaxed);
+        stats
+            .queued
+            .fetch_sub(batch.len() as i64, Ordering::Relaxed);
         stats.entries.fetch_add(1, Ordering::Relaxed);
-        stats.commands.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let (commands, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+        stats
+            .commands
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let (commands, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|p| (p.command, p.reply)).unzip();
         let proposal = Proposal::new(now_ms(), commands);
         match raft.client_write_ff(proposal).await {
             Err(fatal) => {
@@ -133,7 +186,10 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Pending>, max_in_flight
 }
 
 type WriteOutcome = Result<
-    Result<openraft::raft::ClientWriteResponse<coord_raft_store::TypeConfig>, ClientWriteError<u64, openraft::BasicNode>>,
+    Result<
+        openraft::raft::ClientWriteResponse<coord_raft_store::TypeConfig>,
+        ClientWriteError<u64, openraft::BasicNode>,
+    >,
     oneshot::error::RecvError,
 >;
 
@@ -159,7 +215,10 @@ fn deliver(result: WriteOutcome, replies: Vec<oneshot::Sender<Result<CommandResu
         Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
             let leader = f.leader_id.zip(f.leader_node.map(|n| n.addr));
             for r in replies {
-                let _ = r.send(Err(CoordError::NotLeader { me: 0, leader: leader.clone() }));
+                let _ = r.send(Err(CoordError::NotLeader {
+                    me: 0,
+                    leader: leader.clone(),
+                }));
             }
         }
         Ok(Err(ClientWriteError::ChangeMembershipError(e))) => {

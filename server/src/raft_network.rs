@@ -11,11 +11,13 @@ use coord_proto::coord::raft::raft_transport_client::RaftTransportClient;
 use coord_proto::coord::raft::RaftRequest;
 use coord_raft_store::codec;
 use coord_raft_store::types::{NodeId, TypeConfig};
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
@@ -77,7 +79,12 @@ enum Rpc {
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl PeerClient {
-    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, req: &Req, option: &RPCOption) -> RpcResult<Resp, E>
+    async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -85,9 +92,14 @@ impl PeerClient {
     {
         let client = match &mut self.client {
             Ok(c) => c,
-            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&TransportError(e.clone())))),
+            Err(e) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&TransportError(
+                    e.clone(),
+                ))))
+            }
         };
-        let payload = codec::encode("raft request", req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let payload = codec::encode("raft request", req)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = tonic::Request::new(RaftRequest {
             cluster_id: self.cluster_id,
             payload: payload.into(),
@@ -106,8 +118,9 @@ impl PeerClient {
                 RPCError::Network(NetworkError::new(&e))
             }
         })?;
-        let decoded: Result<Resp, RaftError<NodeId, E>> = codec::decode("raft reply", &reply.into_inner().payload)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let decoded: Result<Resp, RaftError<NodeId, E>> =
+            codec::decode("raft reply", &reply.into_inner().payload)
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }

@@ -1,6 +1,8 @@
 //! The receiving side of the Raft transport: decodes openraft messages and hands them to the local
 //! Raft node. Traffic stamped with another ensemble's cluster id is refused.
 
+use std::sync::Arc;
+
 use coord_proto::coord::raft::raft_transport_server::RaftTransport;
 use coord_proto::coord::raft::{RaftReply, RaftRequest};
 use coord_raft_store::codec;
@@ -9,14 +11,22 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use crate::election::LeaderContact;
+
 pub struct RaftService {
     raft: Raft,
     cluster_id: u64,
+    /// Every AppendEntries is a sign of life from a leader (see `election`).
+    contact: Arc<LeaderContact>,
 }
 
 impl RaftService {
-    pub fn new(raft: Raft, cluster_id: u64) -> Self {
-        Self { raft, cluster_id }
+    pub fn new(raft: Raft, cluster_id: u64, contact: Arc<LeaderContact>) -> Self {
+        Self {
+            raft,
+            cluster_id,
+            contact,
+        }
     }
 
     fn decode<T: DeserializeOwned>(&self, req: Request<RaftRequest>) -> Result<T, Status> {
@@ -27,12 +37,14 @@ impl RaftService {
                 req.cluster_id, self.cluster_id
             )));
         }
-        codec::decode("raft request", &req.payload).map_err(|e| Status::invalid_argument(e.to_string()))
+        codec::decode("raft request", &req.payload)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
     }
 }
 
 fn reply<T: Serialize>(result: &T) -> Result<Response<RaftReply>, Status> {
-    let payload = codec::encode("raft reply", result).map_err(|e| Status::internal(e.to_string()))?;
+    let payload =
+        codec::encode("raft reply", result).map_err(|e| Status::internal(e.to_string()))?;
     Ok(Response::new(RaftReply {
         payload: payload.into(),
     }))
@@ -40,8 +52,12 @@ fn reply<T: Serialize>(result: &T) -> Result<Response<RaftReply>, Status> {
 
 #[tonic::async_trait]
 impl RaftTransport for RaftService {
-    async fn append_entries(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+    async fn append_entries(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
         let rpc = self.decode(req)?;
+        self.contact.touch();
         reply(&self.raft.append_entries(rpc).await)
     }
 
@@ -50,7 +66,10 @@ impl RaftTransport for RaftService {
         reply(&self.raft.vote(rpc).await)
     }
 
-    async fn install_snapshot(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
         let rpc = self.decode(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }

@@ -96,11 +96,15 @@ async fn run(
 async fn round(raft: &Raft, me: u64) -> Result<(), CoordError> {
     match raft.ensure_linearizable().await {
         Ok(_) => Ok(()),
-        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(CoordError::NotLeader {
-            me,
-            leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
-        }),
-        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => Err(CoordError::LeaderChanged),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+            Err(CoordError::NotLeader {
+                me,
+                leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+            Err(CoordError::LeaderChanged)
+        }
         Err(RaftError::Fatal(f)) => Err(CoordError::Unavailable(format!("Raft has stopped: {f}"))),
     }
 }

@@ -57,11 +57,14 @@ pub enum StartError {
     Log {
         dir: String,
         #[source]
-        source: coord_raft_store::types::StorageError,
+        source: Box<coord_raft_store::types::StorageError>,
     },
     #[error("cannot start Raft: {0}")]
     Raft(String),
 }
+
+/// How long a stopping replica lets connected clients finish before it closes their connections.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Everything a running replica is made of.
 pub struct Replica {
@@ -73,6 +76,7 @@ pub struct Replica {
     pub metrics: Arc<Metrics>,
     pub sync_stats: Arc<SyncStats>,
     pub cluster_id: u64,
+    contact: Arc<crate::election::LeaderContact>,
     /// The log and vote were empty at start: this replica bootstraps the ensemble.
     pristine: bool,
     /// Owns the background loops; they stop when the replica is dropped.
@@ -99,7 +103,7 @@ async fn log_is_pristine(log: &LogStore, dir: &str) -> Result<bool, StartError> 
     let mut log = log.clone();
     let err = |source| StartError::Log {
         dir: dir.to_string(),
-        source,
+        source: Box::new(source),
     };
     let state = log.get_log_state().await.map_err(err)?;
     let vote = log.read_vote().await.map_err(err)?;
@@ -126,16 +130,32 @@ impl Replica {
         let reader = sm.reader();
         let sync_stats = log.sync_stats();
 
-        let raft = Raft::new(args.id, Arc::new(raft_config(&args)?), Network::new(cluster_id), log, sm)
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            args.id,
+            Arc::new(raft_config(&args)?),
+            Network::new(cluster_id),
+            log,
+            sm,
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
 
         let mut tasks = TaskGuard::default();
         let metrics = Arc::new(Metrics::default());
-        let proposer = Proposer::start(raft.clone(), args.id, args.max_inflight_proposals, &mut tasks);
+        let proposer = Proposer::start(
+            raft.clone(),
+            args.id,
+            args.max_inflight_proposals,
+            &mut tasks,
+        );
         let read_index = ReadIndex::start(raft.clone(), args.id, &mut tasks);
-        let leader = LeaderWatch::new(args.id, args.leader_lease(), raft.metrics());
-        let router = Arc::new(Router::new(args.id, leader, args.leader_wait(), metrics.clone()));
+        let leader = LeaderWatch::start(&raft, args.id, args.leader_lease(), &mut tasks);
+        let router = Arc::new(Router::new(
+            args.id,
+            leader,
+            args.leader_wait(),
+            metrics.clone(),
+        ));
         let kv = Arc::new(KvCore {
             proposer,
             read_index,
@@ -146,7 +166,21 @@ impl Replica {
                 max_value_bytes: args.max_value_bytes,
             },
         });
-        tasks.spawn("leader-watch", watch_leadership(raft.clone(), hub.clone(), metrics.clone()));
+        tasks.spawn(
+            "leader-watch",
+            watch_leadership(raft.clone(), hub.clone(), metrics.clone()),
+        );
+        let contact = Arc::new(crate::election::LeaderContact::default());
+        tasks.spawn(
+            "election-nudge",
+            crate::election::nudge_elections(
+                raft.clone(),
+                args.id,
+                args.leader_lease(),
+                std::time::Duration::from_millis(args.election_timeout_min_ms),
+                contact.clone(),
+            ),
+        );
         Ok(Self {
             args,
             raft,
@@ -156,6 +190,7 @@ impl Replica {
             metrics,
             sync_stats,
             cluster_id,
+            contact,
             pristine,
             _tasks: tasks,
         })
@@ -178,13 +213,18 @@ impl Replica {
         };
 
         let request_limit = this.args.max_value_bytes + this.args.max_key_bytes + (64 << 10);
-        let tf = CoordinationServiceServer::new(TfService::new(this.router.clone(), this.kv.clone()))
-            .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
-            .max_encoding_message_size(PEER_MESSAGE_LIMIT)
-            .accept_compressed(CompressionEncoding::Gzip);
-        let raft_svc = RaftTransportServer::new(RaftService::new(this.raft.clone(), this.cluster_id))
-            .max_decoding_message_size(PEER_MESSAGE_LIMIT)
-            .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        let tf =
+            CoordinationServiceServer::new(TfService::new(this.router.clone(), this.kv.clone()))
+                .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+                .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+                .accept_compressed(CompressionEncoding::Gzip);
+        let raft_svc = RaftTransportServer::new(RaftService::new(
+            this.raft.clone(),
+            this.cluster_id,
+            this.contact.clone(),
+        ))
+        .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let admin = AdminServer::new(AdminService::new(this.raft.clone()));
         let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let grpc_server = tonic::transport::Server::builder()
@@ -211,10 +251,25 @@ impl Replica {
         shutdown.await;
         tracing::info!(id = this.args.id, "shutting down");
         let _ = stop_tx.send(true);
-        if let Ok(Err(e)) = grpc_task.await {
-            tracing::warn!(error = %e, "gRPC server ended with an error");
+        // Graceful shutdown waits for open connections to finish, and a client may keep its
+        // connection forever: give them a bounded grace period, then cut them.
+        let grace = tokio::time::sleep(SHUTDOWN_GRACE);
+        tokio::pin!(grace);
+        let (grpc_abort, http_abort) = (grpc_task.abort_handle(), http_task.abort_handle());
+        let drained = async {
+            if let Ok(Err(e)) = grpc_task.await {
+                tracing::warn!(error = %e, "gRPC server ended with an error");
+            }
+            let _ = http_task.await;
+        };
+        tokio::select! {
+            () = drained => {}
+            () = &mut grace => {
+                tracing::info!("clients still connected after {SHUTDOWN_GRACE:?}; closing their connections");
+                grpc_abort.abort();
+                http_abort.abort();
+            }
         }
-        let _ = http_task.await;
         if let Err(e) = this.raft.shutdown().await {
             tracing::warn!(error = %e, "Raft did not stop cleanly");
         }
@@ -232,7 +287,9 @@ impl Replica {
             .map(|(id, addr)| (*id, BasicNode::new(addr)))
             .collect::<std::collections::BTreeMap<_, _>>();
         match self.raft.initialize(members).await {
-            Ok(()) => tracing::info!(members = %self.args.initial_cluster, "bootstrapped a new ensemble"),
+            Ok(()) => {
+                tracing::info!(members = %self.args.initial_cluster, "bootstrapped a new ensemble")
+            }
             // Another replica got there first and this one already has its entry.
             Err(e) => tracing::info!(reason = %e, "not bootstrapping"),
         }
@@ -262,7 +319,10 @@ async fn watch_leadership(raft: Raft, hub: Arc<ApplyHub>, metrics: Arc<Metrics>)
         }
         let is_leader = state == ServerState::Leader;
         if was_leader && !is_leader {
-            tracing::info!(parked = hub.parked.len(), "lost leadership; failing parked calls so they re-drive");
+            tracing::info!(
+                parked = hub.parked.len(),
+                "lost leadership; failing parked calls so they re-drive"
+            );
             hub.parked.wake_all(|| Wake::LeaderLost);
         }
         was_leader = is_leader;

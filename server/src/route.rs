@@ -99,7 +99,10 @@ impl Router {
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let forwarded = req.metadata().contains_key(FORWARDED_HEADER);
-        let given_id = request_id::from_metadata(req.metadata())?;
+        let given_id = match kind {
+            Kind::Write => request_id::from_metadata(req.metadata())?,
+            Kind::Read => None,
+        };
         // A write that arrived without an id gets one of ours; the ticket lives as long as we
         // drive the request.
         let ticket = (kind == Kind::Write && given_id.is_none()).then(|| self.session.begin());

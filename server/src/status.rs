@@ -114,6 +114,8 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         _: tonic::Request<pb::StatusRequest>,
     ) -> Result<tonic::Response<pb::StatusReply>, tonic::Status> {
-        Ok(tonic::Response::new(ReplicaStatus::of(&self.raft).to_proto()))
+        Ok(tonic::Response::new(
+            ReplicaStatus::of(&self.raft).to_proto(),
+        ))
     }
 }

@@ -52,7 +52,10 @@ impl CoordinationService for TfService {
         Err(not_yet("RegisterTask"))
     }
 
-    async fn heartbeat(&self, _: Request<tf::HeartbeatRequest>) -> Result<Response<tf::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        _: Request<tf::HeartbeatRequest>,
+    ) -> Result<Response<tf::HeartbeatResponse>, Status> {
         Err(not_yet("Heartbeat"))
     }
 
@@ -70,7 +73,10 @@ impl CoordinationService for TfService {
         Err(not_yet("ShutdownTask"))
     }
 
-    async fn reset_task(&self, _: Request<tf::ResetTaskRequest>) -> Result<Response<tf::ResetTaskResponse>, Status> {
+    async fn reset_task(
+        &self,
+        _: Request<tf::ResetTaskRequest>,
+    ) -> Result<Response<tf::ResetTaskResponse>, Status> {
         Err(not_yet("ResetTask"))
     }
 
@@ -99,9 +105,9 @@ impl CoordinationService for TfService {
                 Kind::Write,
                 req,
                 |m, id| async move {
-                    let e = m
-                        .kv
-                        .ok_or_else(|| CoordError::InvalidArgument("InsertKeyValueRequest.kv is missing".into()))?;
+                    let e = m.kv.ok_or_else(|| {
+                        CoordError::InvalidArgument("InsertKeyValueRequest.kv is missing".into())
+                    })?;
                     kv.insert(id, &e.key, e.value, m.allow_overwrite).await?;
                     Ok(tf::InsertKeyValueResponse {})
                 },
@@ -195,7 +201,10 @@ impl CoordinationService for TfService {
             .await
     }
 
-    async fn barrier(&self, _: Request<tf::BarrierRequest>) -> Result<Response<tf::BarrierResponse>, Status> {
+    async fn barrier(
+        &self,
+        _: Request<tf::BarrierRequest>,
+    ) -> Result<Response<tf::BarrierResponse>, Status> {
         Err(not_yet("Barrier"))
     }
 

@@ -79,15 +79,27 @@ pub fn coordinator_binary() -> PathBuf {
         }
         let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
         let release = profile_dir.ends_with("release");
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace");
         let mut cmd = Command::new(env!("CARGO"));
         cmd.current_dir(workspace)
-            .args(["build", "--quiet", "-p", "coord-server", "--bin", "coordinator", "--target-dir"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "coord-server",
+                "--bin",
+                "coordinator",
+                "--target-dir",
+            ])
             .arg(&target_dir);
         if release {
             cmd.arg("--release");
         }
-        let status = cmd.status().expect("run cargo build for the coordinator binary");
+        let status = cmd
+            .status()
+            .expect("run cargo build for the coordinator binary");
         assert!(status.success(), "building the coordinator binary failed");
         profile_dir.join("coordinator")
     })
@@ -158,11 +170,17 @@ impl Cluster {
     }
 
     pub fn replica(&self, id: u64) -> &ReplicaProc {
-        self.replicas.iter().find(|r| r.id == id).expect("no such replica")
+        self.replicas
+            .iter()
+            .find(|r| r.id == id)
+            .expect("no such replica")
     }
 
     fn replica_mut(&mut self, id: u64) -> &mut ReplicaProc {
-        self.replicas.iter_mut().find(|r| r.id == id).expect("no such replica")
+        self.replicas
+            .iter_mut()
+            .find(|r| r.id == id)
+            .expect("no such replica")
     }
 
     /// gRPC addresses of every replica.
@@ -221,19 +239,24 @@ impl Cluster {
         }
     }
 
-    /// SIGTERM, then wait for the process to exit (kill -9 after `grace`).
-    pub fn terminate(&mut self, id: u64, grace: Duration) {
-        let Some(mut c) = self.replica_mut(id).child.take() else { return };
-        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+    /// SIGTERM, then wait for the process to exit; kill -9 after `grace`. Returns the exit code
+    /// if it exited by itself in time.
+    pub fn terminate(&mut self, id: u64, grace: Duration) -> Option<i32> {
+        let mut c = self.replica_mut(id).child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
         let deadline = std::time::Instant::now() + grace;
         while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.code();
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = c.kill();
         let _ = c.wait();
+        None
     }
 
     /// Whether replica `id`'s process is alive; reaps it if it exited.
@@ -297,7 +320,11 @@ impl Cluster {
     }
 
     fn statuses(&mut self) -> Vec<(u64, Option<StatusView>)> {
-        let ids: Vec<u64> = self.ids().into_iter().filter(|&id| self.is_running(id)).collect();
+        let ids: Vec<u64> = self
+            .ids()
+            .into_iter()
+            .filter(|&id| self.is_running(id))
+            .collect();
         ids.into_iter().map(|id| (id, self.status(id))).collect()
     }
 
@@ -314,19 +341,29 @@ impl Cluster {
     }
 
     /// Waits until `f` holds, polling; panics with `what` after `timeout`.
-    pub async fn wait_until(&mut self, timeout: Duration, what: &str, mut f: impl FnMut(&mut Self) -> bool) {
+    pub async fn wait_until(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut f: impl FnMut(&mut Self) -> bool,
+    ) {
         let deadline = Instant::now() + timeout;
         while !f(self) {
-            assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Waits until replica `id` has applied at least `index`.
     pub async fn wait_applied(&mut self, id: u64, index: u64, timeout: Duration) {
-        self.wait_until(timeout, &format!("replica {id} to apply index {index}"), |c| {
-            c.status(id).is_some_and(|s| s.last_applied >= index)
-        })
+        self.wait_until(
+            timeout,
+            &format!("replica {id} to apply index {index}"),
+            |c| c.status(id).is_some_and(|s| s.last_applied >= index),
+        )
         .await;
     }
 }
@@ -347,12 +384,20 @@ impl Drop for Cluster {
         if std::thread::panicking() {
             if let Some(dir) = self.dir.take() {
                 let kept = dir.keep();
-                eprintln!("\n=== test failed; cluster data and logs kept in {} ===", kept.display());
+                eprintln!(
+                    "\n=== test failed; cluster data and logs kept in {} ===",
+                    kept.display()
+                );
                 for r in &self.replicas {
                     let log = std::fs::read_to_string(&r.log_path).unwrap_or_default();
                     let lines: Vec<&str> = log.lines().collect();
                     let tail = &lines[lines.len().saturating_sub(25)..];
-                    eprintln!("--- replica {} (last {} lines) ---\n{}", r.id, tail.len(), tail.join("\n"));
+                    eprintln!(
+                        "--- replica {} (last {} lines) ---\n{}",
+                        r.id,
+                        tail.len(),
+                        tail.join("\n")
+                    );
                 }
             }
         }

@@ -4,7 +4,10 @@
 //!   dir, restarts and kills them, polls `/status`; kills what it started when dropped, and keeps
 //!   the logs and data of a failed test.
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
+//! - [`bench`]: coord-bench's load generators, failover measurement, and its targets (coord and
+//!   etcd 3.4).
 
+pub mod bench;
 pub mod cluster;
 pub mod http;
 

@@ -46,7 +46,11 @@ async fn writes_through_each_replica_are_read_through_every_replica() {
         let cl = client_via(&c, id);
         for w in c.ids() {
             let v = cl.try_get(&format!("dir/via{w}")).await.expect("try_get");
-            assert_eq!(v, Some(Bytes::from(format!("value-{w}"))), "via replica {id}");
+            assert_eq!(
+                v,
+                Some(Bytes::from(format!("value-{w}"))),
+                "via replica {id}"
+            );
         }
         let dir = cl.get_dir("dir").await.expect("get_dir");
         let keys: Vec<_> = dir.iter().map(|(k, _)| k.as_str()).collect();
@@ -55,22 +59,34 @@ async fn writes_through_each_replica_are_read_through_every_replica() {
     let cl = client_via(&c, 2);
     cl.delete("dir").await.expect("delete");
     assert!(cl.get_dir("dir").await.expect("get_dir").is_empty());
-    assert_eq!(client_via(&c, 3).try_get("dir/via1").await.expect("try_get"), None);
+    assert_eq!(
+        client_via(&c, 3)
+            .try_get("dir/via1")
+            .await
+            .expect("try_get"),
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_get_is_released_by_an_insert() {
     let mut c = Cluster::start(ClusterOptions::default());
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = c.ids().into_iter().find(|&i| i != leader).expect("a follower");
+    let follower = c
+        .ids()
+        .into_iter()
+        .find(|&i| i != leader)
+        .expect("a follower");
     // Through a follower, so the parked call is a forwarded one.
     let waiter = {
         let cl = client_via(&c, follower);
         tokio::spawn(async move { cl.get("late/key").await })
     };
-    c.wait_until(Duration::from_secs(20), "the get to park on the leader", |c| {
-        metric(c, leader, "coord_parked_calls") >= 1.0
-    })
+    c.wait_until(
+        Duration::from_secs(20),
+        "the get to park on the leader",
+        |c| metric(c, leader, "coord_parked_calls") >= 1.0,
+    )
     .await;
     assert!(!waiter.is_finished());
     client_via(&c, leader)
@@ -98,7 +114,8 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
     let count = Arc::new(AtomicU64::new(0));
     let writers: Vec<_> = (0..8)
         .map(|w| {
-            let (client, acked, stop, count) = (client.clone(), acked.clone(), stop.clone(), count.clone());
+            let (client, acked, stop, count) =
+                (client.clone(), acked.clone(), stop.clone(), count.clone());
             tokio::spawn(async move {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -121,7 +138,10 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
         async move {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             while count.load(Ordering::Relaxed) < n {
-                assert!(tokio::time::Instant::now() < deadline, "load stalled below {n} writes");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "load stalled below {n} writes"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
@@ -146,15 +166,23 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
         }
     }
     let missing: Vec<_> = acked.difference(&all).collect();
-    assert!(missing.is_empty(), "{} acknowledged writes lost, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged writes lost, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
 
     // The killed replica comes back and catches up.
     c.spawn(leader);
     let target = c.status(new_leader).expect("leader status").last_log_index;
-    c.wait_applied(leader, target, Duration::from_secs(60)).await;
-    c.wait_until(Duration::from_secs(30), "the restarted replica to be ready", |c| {
-        http::get(c.replica(leader).http, "/readyz").is_ok_and(|(code, _)| code == 200)
-    })
+    c.wait_applied(leader, target, Duration::from_secs(60))
+        .await;
+    c.wait_until(
+        Duration::from_secs(30),
+        "the restarted replica to be ready",
+        |c| http::get(c.replica(leader).http, "/readyz").is_ok_and(|(code, _)| code == 200),
+    )
     .await;
 }
 
@@ -164,7 +192,10 @@ async fn stopping_and_starting_all_three_keeps_every_write() {
     c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = client_of(c.endpoints());
     for i in 0..200 {
-        client.insert(&format!("keep/{i}"), format!("{i}"), false).await.expect("insert");
+        client
+            .insert(&format!("keep/{i}"), format!("{i}"), false)
+            .await
+            .expect("insert");
     }
     for id in c.ids() {
         c.kill(id);
@@ -177,7 +208,10 @@ async fn stopping_and_starting_all_three_keeps_every_write() {
     let got = client.get_dir("keep").await.expect("get_dir");
     assert_eq!(got.len(), 200, "writes lost across a full restart");
     for (k, v) in got {
-        assert_eq!(k.strip_prefix("keep/").map(str::to_string), Some(String::from_utf8_lossy(&v).to_string()));
+        assert_eq!(
+            k.strip_prefix("keep/").map(str::to_string),
+            Some(String::from_utf8_lossy(&v).to_string())
+        );
     }
 }
 
@@ -185,17 +219,37 @@ async fn stopping_and_starting_all_three_keeps_every_write() {
 async fn bad_input_gets_a_precise_error_and_changes_nothing() {
     let mut c = Cluster::start(ClusterOptions::default());
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = c.ids().into_iter().find(|&i| i != leader).expect("a follower");
+    let follower = c
+        .ids()
+        .into_iter()
+        .find(|&i| i != leader)
+        .expect("a follower");
     let cl = client_via(&c, follower);
     let expect = |r: Result<(), tonic::Status>, code: Code, needle: &str| {
         let e = r.expect_err("must fail");
         assert_eq!(e.code(), code, "{e:?}");
-        assert!(e.message().contains(needle), "message {:?} should mention {needle:?}", e.message());
+        assert!(
+            e.message().contains(needle),
+            "message {:?} should mention {needle:?}",
+            e.message()
+        );
     };
-    expect(cl.insert("", "v", false).await, Code::InvalidArgument, "empty");
-    expect(cl.insert("///", "v", false).await, Code::InvalidArgument, "empty");
+    expect(
+        cl.insert("", "v", false).await,
+        Code::InvalidArgument,
+        "empty",
+    );
+    expect(
+        cl.insert("///", "v", false).await,
+        Code::InvalidArgument,
+        "empty",
+    );
     let long_key = "k".repeat(4097);
-    expect(cl.insert(&long_key, "v", false).await, Code::InvalidArgument, "4097 bytes");
+    expect(
+        cl.insert(&long_key, "v", false).await,
+        Code::InvalidArgument,
+        "4097 bytes",
+    );
     expect(
         cl.insert("big", vec![0u8; (4 << 20) + 1], false).await,
         Code::InvalidArgument,
@@ -203,13 +257,23 @@ async fn bad_input_gets_a_precise_error_and_changes_nothing() {
     );
     expect(cl.delete("").await, Code::InvalidArgument, "empty");
     cl.insert("once", "1", false).await.expect("first insert");
-    expect(cl.insert("/once/", "2", false).await, Code::AlreadyExists, "\"once\"");
-    assert_eq!(cl.try_get("once").await.expect("try_get"), Some(Bytes::from("1")));
-    let mut raw = CoordinationServiceClient::connect(format!("http://{}", c.replica(follower).grpc))
-        .await
-        .expect("connect");
+    expect(
+        cl.insert("/once/", "2", false).await,
+        Code::AlreadyExists,
+        "\"once\"",
+    );
+    assert_eq!(
+        cl.try_get("once").await.expect("try_get"),
+        Some(Bytes::from("1"))
+    );
+    let mut raw =
+        CoordinationServiceClient::connect(format!("http://{}", c.replica(follower).grpc))
+            .await
+            .expect("connect");
     let missing = raw
-        .try_get_key_value(tf::TryGetKeyValueRequest { key: "nope/x".into() })
+        .try_get_key_value(tf::TryGetKeyValueRequest {
+            key: "nope/x".into(),
+        })
         .await
         .expect_err("missing key");
     assert_eq!(missing.code(), Code::NotFound);
@@ -221,8 +285,13 @@ async fn bad_input_gets_a_precise_error_and_changes_nothing() {
     assert!(cl.try_get(&long_key).await.is_err());
     assert_eq!(cl.try_get("big").await.expect("try_get"), None);
     // A value at the limit is accepted.
-    cl.insert("max", vec![1u8; 4 << 20], false).await.expect("4 MiB value");
-    assert_eq!(cl.try_get("max").await.expect("try_get").map(|v| v.len()), Some(4 << 20));
+    cl.insert("max", vec![1u8; 4 << 20], false)
+        .await
+        .expect("4 MiB value");
+    assert_eq!(
+        cl.try_get("max").await.expect("try_get").map(|v| v.len()),
+        Some(4 << 20)
+    );
     for id in c.ids() {
         assert!(c.is_running(id), "replica {id} died on bad input");
     }
@@ -232,7 +301,11 @@ async fn bad_input_gets_a_precise_error_and_changes_nothing() {
 async fn a_retried_request_is_applied_once() {
     let mut c = Cluster::start(ClusterOptions::default());
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = c.ids().into_iter().find(|&i| i != leader).expect("a follower");
+    let follower = c
+        .ids()
+        .into_iter()
+        .find(|&i| i != leader)
+        .expect("a follower");
     let id = WireRequestId {
         client: 4242,
         seq: 1,
@@ -249,26 +322,49 @@ async fn a_retried_request_is_applied_once() {
         id.write(r.metadata_mut());
         r
     };
-    let mut via_leader = CoordinationServiceClient::connect(format!("http://{}", c.replica(leader).grpc))
-        .await
-        .expect("connect");
-    let mut via_follower = CoordinationServiceClient::connect(format!("http://{}", c.replica(follower).grpc))
-        .await
-        .expect("connect");
+    let mut via_leader =
+        CoordinationServiceClient::connect(format!("http://{}", c.replica(leader).grpc))
+            .await
+            .expect("connect");
+    let mut via_follower =
+        CoordinationServiceClient::connect(format!("http://{}", c.replica(follower).grpc))
+            .await
+            .expect("connect");
     via_leader.insert_key_value(req()).await.expect("first");
     // The same request again, through another replica: it gets the first answer (OK), not
     // ALREADY_EXISTS, and nothing is applied twice.
-    via_follower.insert_key_value(req()).await.expect("retry gets the first result");
-    via_leader.insert_key_value(req()).await.expect("retry gets the first result");
+    via_follower
+        .insert_key_value(req())
+        .await
+        .expect("retry gets the first result");
+    via_leader
+        .insert_key_value(req())
+        .await
+        .expect("retry gets the first result");
     // A new request id is a new request.
     let mut fresh = req();
-    WireRequestId { seq: 2, acked_below: 2, ..id }.write(fresh.metadata_mut());
-    let e = via_leader.insert_key_value(fresh).await.expect_err("second insert");
+    WireRequestId {
+        seq: 2,
+        acked_below: 2,
+        ..id
+    }
+    .write(fresh.metadata_mut());
+    let e = via_leader
+        .insert_key_value(fresh)
+        .await
+        .expect_err("second insert");
     assert_eq!(e.code(), Code::AlreadyExists);
     // Once the client acknowledged seq 1 (acked_below = 2), a late copy of it is refused.
     let mut late = req();
-    WireRequestId { acked_below: 1, ..id }.write(late.metadata_mut());
-    let e = via_leader.insert_key_value(late).await.expect_err("late duplicate");
+    WireRequestId {
+        acked_below: 1,
+        ..id
+    }
+    .write(late.metadata_mut());
+    let e = via_leader
+        .insert_key_value(late)
+        .await
+        .expect_err("late duplicate");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 }
 
@@ -292,9 +388,18 @@ async fn concurrent_writes_share_entries_and_syncs() {
     }
     let syncs = metric(&c, leader, "coord_log_syncs_total") - syncs_before;
     let entries = metric(&c, leader, "coord_proposal_entries_total") - entries_before;
-    assert!(entries < f64::from(n) / 2.0, "{n} concurrent writes took {entries} Raft entries");
-    assert!(syncs < f64::from(n) / 2.0, "{n} concurrent writes took {syncs} log syncs on the leader");
-    assert_eq!(client.get_dir("gc").await.expect("get_dir").len(), n as usize);
+    assert!(
+        entries < f64::from(n) / 2.0,
+        "{n} concurrent writes took {entries} Raft entries"
+    );
+    assert!(
+        syncs < f64::from(n) / 2.0,
+        "{n} concurrent writes took {syncs} log syncs on the leader"
+    );
+    assert_eq!(
+        client.get_dir("gc").await.expect("get_dir").len(),
+        n as usize
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,7 +424,12 @@ async fn http_endpoints_report_health_and_status() {
         assert_eq!(v["members"].as_array().map(Vec::len), Some(3));
         let (code, metrics) = http::get(r.http, "/metrics").expect("metrics");
         assert_eq!(code, 200);
-        for name in ["coord_raft_term", "coord_log_sync_seconds_bucket", "coord_commit_latency_seconds_count", "coord_parked_calls"] {
+        for name in [
+            "coord_raft_term",
+            "coord_log_sync_seconds_bucket",
+            "coord_commit_latency_seconds_count",
+            "coord_parked_calls",
+        ] {
             assert!(metrics.contains(name), "{name} missing from /metrics");
         }
     }
@@ -328,8 +438,10 @@ async fn http_endpoints_report_health_and_status() {
     for id in &others {
         c.kill(*id);
     }
-    c.wait_until(Duration::from_secs(30), "the lone replica to report not ready", |c| {
-        http::get(c.replica(leader).http, "/readyz").is_ok_and(|(code, _)| code == 503)
-    })
+    c.wait_until(
+        Duration::from_secs(30),
+        "the lone replica to report not ready",
+        |c| http::get(c.replica(leader).http, "/readyz").is_ok_and(|(code, _)| code == 503),
+    )
     .await;
 }

@@ -16,9 +16,18 @@ fn expect_refusal(c: &mut Cluster, id: u64, args: &[String], needle: &str) {
     c.spawn_with(id, args);
     let code = c.wait_exit(id, TIMEOUT);
     let log = c.log(id)[before..].to_string();
-    assert!(matches!(code, Some(c) if c != 0), "replica {id} did not refuse to start (exit {code:?}); log:\n{log}");
-    assert!(log.contains(needle), "refusal should say {needle:?}; log:\n{log}");
-    assert!(!log.contains("panicked"), "refusal must not be a panic; log:\n{log}");
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "replica {id} did not refuse to start (exit {code:?}); log:\n{log}"
+    );
+    assert!(
+        log.contains(needle),
+        "refusal should say {needle:?}; log:\n{log}"
+    );
+    assert!(
+        !log.contains("panicked"),
+        "refusal must not be a panic; log:\n{log}"
+    );
 }
 
 fn replace_flag(args: &[String], flag: &str, value: &str) -> Vec<String> {
@@ -40,19 +49,39 @@ async fn a_replica_refuses_a_foreign_data_dir_or_changed_flags() {
     c.kill(2);
 
     let args = c.args_of(2);
-    expect_refusal(&mut c, 2, &replace_flag(&args, "--id", "1"), "belongs to replica 2, not to replica 1");
-    let other_members = c.initial_cluster().replace(&c.replica(3).grpc.to_string(), "127.0.0.1:1");
+    expect_refusal(
+        &mut c,
+        2,
+        &replace_flag(&args, "--id", "1"),
+        "belongs to replica 2, not to replica 1",
+    );
+    let other_members = c
+        .initial_cluster()
+        .replace(&c.replica(3).grpc.to_string(), "127.0.0.1:1");
     expect_refusal(
         &mut c,
         2,
         &replace_flag(&args, "--initial-cluster", &other_members),
         "disagrees with the membership this replica was created with",
     );
-    expect_refusal(&mut c, 2, &replace_flag(&args, "--cluster-token", "someone-else"), "another ensemble");
-    expect_refusal(&mut c, 2, &replace_flag(&args, "--id", "9"), "--id 9 is not one of the replicas");
+    expect_refusal(
+        &mut c,
+        2,
+        &replace_flag(&args, "--cluster-token", "someone-else"),
+        "another ensemble",
+    );
+    expect_refusal(
+        &mut c,
+        2,
+        &replace_flag(&args, "--id", "9"),
+        "--id 9 is not one of the replicas",
+    );
 
     // None of that touched replica 2's data: with its own flags it rejoins and catches up.
-    client.insert("while-away", "2", false).await.expect("insert with 2 of 3");
+    client
+        .insert("while-away", "2", false)
+        .await
+        .expect("insert with 2 of 3");
     c.spawn(2);
     let leader = c.wait_for_leader(TIMEOUT).await;
     let target = c.status(leader).expect("status").last_log_index;
@@ -69,10 +98,14 @@ async fn damaged_data_is_refused_and_the_others_keep_serving() {
     c.wait_for_leader(TIMEOUT).await;
     let client = CoordClient::new(ClientOptions::new(c.endpoints())).expect("client");
     for i in 0..60 {
-        client.insert(&format!("k/{i}"), "v", false).await.expect("insert");
+        client
+            .insert(&format!("k/{i}"), "v", false)
+            .await
+            .expect("insert");
     }
     let snap = c.replica(3).data_dir.join("snapshots/snapshot.bin");
-    c.wait_until(TIMEOUT, "replica 3 to write a snapshot", |_| snap.exists()).await;
+    c.wait_until(TIMEOUT, "replica 3 to write a snapshot", |_| snap.exists())
+        .await;
 
     // A truncated snapshot.
     c.kill(3);
@@ -80,7 +113,10 @@ async fn damaged_data_is_refused_and_the_others_keep_serving() {
     std::fs::write(&snap, &bytes[..bytes.len() / 2]).expect("truncate snapshot");
     let args = c.args_of(3);
     expect_refusal(&mut c, 3, &args, "is corrupt");
-    client.insert("still", "serving", false).await.expect("two replicas still serve");
+    client
+        .insert("still", "serving", false)
+        .await
+        .expect("two replicas still serve");
     std::fs::write(&snap, &bytes).expect("restore snapshot");
 
     // sled's log file overwritten with garbage: sled alone would read it as an empty log and the
@@ -106,6 +142,35 @@ async fn damaged_data_is_refused_and_the_others_keep_serving() {
     // Replica 3 with its snapshot restored rejoins; the ensemble has everything.
     c.spawn(3);
     c.wait_for_leader(TIMEOUT).await;
-    assert_eq!(client.try_get("still").await.expect("read"), Some(Bytes::from("serving")));
+    assert_eq!(
+        client.try_get("still").await.expect("read"),
+        Some(Bytes::from("serving"))
+    );
     assert_eq!(client.get_dir("k").await.expect("dir").len(), 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_replica_even_with_clients_connected() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    let leader = c.wait_for_leader(TIMEOUT).await;
+    // A client holds a connection to the leader with a call parked on it.
+    let parked = {
+        let cl = CoordClient::new(ClientOptions::new(vec![c.replica(leader).grpc.to_string()]))
+            .expect("client");
+        tokio::spawn(async move { cl.get("never/written").await })
+    };
+    c.wait_until(TIMEOUT, "the get to park", |c| {
+        coord_tests::http::get(c.replica(leader).http, "/metrics")
+            .is_ok_and(|(_, m)| m.lines().any(|l| l == "coord_parked_calls 1"))
+    })
+    .await;
+    let code = c.terminate(leader, Duration::from_secs(15));
+    assert_eq!(
+        code,
+        Some(0),
+        "SIGTERM did not stop the replica by itself within 15 s"
+    );
+    parked.abort();
+    // The other two carry on.
+    c.wait_for_leader(TIMEOUT).await;
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::command::{CommandResult, OpError, Output};
-use crate::key::{dir_range, normalize_key};
+use crate::key::{dir_range, normalized};
 
 use super::Change;
 
@@ -64,19 +64,21 @@ impl KvStore {
         overwrite: bool,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
-        let key = normalize_key(key);
+        let key = normalized(key);
         if key.is_empty() {
             return Err(OpError::EmptyKey);
         }
-        if !overwrite && self.entries.contains_key(&key) {
-            return Err(OpError::AlreadyExists { key });
+        if !overwrite && self.entries.contains_key(key.as_ref()) {
+            return Err(OpError::AlreadyExists {
+                key: key.into_owned(),
+            });
         }
-        self.store(key, value.clone(), changes);
+        self.store(key.into_owned(), value.clone(), changes);
         Ok(Output::Done)
     }
 
     pub(crate) fn delete(&mut self, key: &str, changes: &mut Vec<Change>) -> CommandResult {
-        let key = normalize_key(key);
+        let key = normalized(key).into_owned();
         if key.is_empty() {
             return Err(OpError::EmptyKey);
         }
@@ -102,7 +104,7 @@ impl KvStore {
         delta: i64,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
-        let key = normalize_key(key);
+        let key = normalized(key).into_owned();
         if key.is_empty() {
             return Err(OpError::EmptyKey);
         }
@@ -125,24 +127,27 @@ impl KvStore {
     }
 
     fn store(&mut self, key: String, value: Bytes, changes: &mut Vec<Change>) {
+        use std::collections::btree_map::Entry;
         let revision = self.next_revision();
-        let create_revision = self
-            .entries
-            .get(&key)
-            .map_or(revision, |e| e.create_revision);
         changes.push(Change::KvPut {
             key: key.clone(),
             value: value.clone(),
             revision,
         });
-        self.entries.insert(
-            key,
-            KvEntry {
-                value,
-                create_revision,
-                mod_revision: revision,
-            },
-        );
+        match self.entries.entry(key) {
+            Entry::Occupied(mut e) => {
+                let e = e.get_mut();
+                e.value = value;
+                e.mod_revision = revision;
+            }
+            Entry::Vacant(e) => {
+                e.insert(KvEntry {
+                    value,
+                    create_revision: revision,
+                    mod_revision: revision,
+                });
+            }
+        }
     }
 }
 
@@ -201,7 +206,10 @@ mod tests {
         let mut kv = KvStore::default();
         let mut ch = Vec::new();
         assert_eq!(kv.increment("n", 5, &mut ch), Ok(Output::Value("5".into())));
-        assert_eq!(kv.increment("n", -7, &mut ch), Ok(Output::Value("-2".into())));
+        assert_eq!(
+            kv.increment("n", -7, &mut ch),
+            Ok(Output::Value("-2".into()))
+        );
         put(&mut kv, "s", "abc", false).ok();
         assert_eq!(
             kv.increment("s", 1, &mut ch),
@@ -212,14 +220,20 @@ mod tests {
             kv.increment("big", 1, &mut ch),
             Err(OpError::Overflow { .. })
         ));
-        assert_eq!(kv.get("big").map(|e| e.value.clone()), Some(Bytes::from(i64::MAX.to_string())));
+        assert_eq!(
+            kv.get("big").map(|e| e.value.clone()),
+            Some(Bytes::from(i64::MAX.to_string()))
+        );
     }
 
     #[test]
     fn empty_key_is_rejected_without_change() {
         let mut kv = KvStore::default();
         let mut ch = Vec::new();
-        assert_eq!(kv.put("//", &Bytes::new(), false, &mut ch), Err(OpError::EmptyKey));
+        assert_eq!(
+            kv.put("//", &Bytes::new(), false, &mut ch),
+            Err(OpError::EmptyKey)
+        );
         assert_eq!(kv.delete("", &mut ch), Err(OpError::EmptyKey));
         assert!(ch.is_empty());
         assert_eq!(kv.revision(), 0);

@@ -48,7 +48,12 @@ impl CoordState {
             .collect()
     }
 
-    fn apply_command(&mut self, cmd: &Command, now_ms: u64, changes: &mut Vec<Change>) -> CommandResult {
+    fn apply_command(
+        &mut self,
+        cmd: &Command,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
         if let Some(req) = &cmd.request {
             if let Some(previous) = self.sessions.replay(req, now_ms) {
                 return previous;
@@ -101,7 +106,10 @@ mod tests {
         // The same request again, in a later entry (a retry after a leader change).
         let again = s.apply(&Proposal::new(2, vec![cmd(9, 1, incr("n"))]), &mut ch);
         assert_eq!(first, again);
-        assert_eq!(s.kv.get("n").map(|e| e.value.clone()), Some(Bytes::from("1")));
+        assert_eq!(
+            s.kv.get("n").map(|e| e.value.clone()),
+            Some(Bytes::from("1"))
+        );
         assert_eq!(ch.len(), 1, "the retry changed nothing");
     }
 
@@ -136,24 +144,54 @@ mod tests {
     fn failed_commands_change_nothing() {
         let mut s = CoordState::default();
         let mut ch = Vec::new();
-        s.apply(&Proposal::new(1, vec![cmd(1, 1, Op::KvPut {
-            key: "k".into(),
-            value: Bytes::from("v"),
-            overwrite: false,
-        })]), &mut ch);
+        s.apply(
+            &Proposal::new(
+                1,
+                vec![cmd(
+                    1,
+                    1,
+                    Op::KvPut {
+                        key: "k".into(),
+                        value: Bytes::from("v"),
+                        overwrite: false,
+                    },
+                )],
+            ),
+            &mut ch,
+        );
         let before = s.kv.clone();
-        let out = s.apply(&Proposal::new(2, vec![cmd(1, 2, Op::KvPut {
-            key: "k".into(),
-            value: Bytes::from("w"),
-            overwrite: false,
-        })]), &mut ch);
+        let out = s.apply(
+            &Proposal::new(
+                2,
+                vec![cmd(
+                    1,
+                    2,
+                    Op::KvPut {
+                        key: "k".into(),
+                        value: Bytes::from("w"),
+                        overwrite: false,
+                    },
+                )],
+            ),
+            &mut ch,
+        );
         assert_eq!(out, vec![Err(OpError::AlreadyExists { key: "k".into() })]);
         assert_eq!(s.kv, before);
-        let out = s.apply(&Proposal::new(3, vec![cmd(1, 3, Op::KvPut {
-            key: "k".into(),
-            value: Bytes::from("w"),
-            overwrite: true,
-        })]), &mut ch);
+        let out = s.apply(
+            &Proposal::new(
+                3,
+                vec![cmd(
+                    1,
+                    3,
+                    Op::KvPut {
+                        key: "k".into(),
+                        value: Bytes::from("w"),
+                        overwrite: true,
+                    },
+                )],
+            ),
+            &mut ch,
+        );
         assert_eq!(out, vec![Ok(Output::Done)]);
     }
 }

@@ -120,7 +120,11 @@ mod tests {
         for seq in 1..=3 {
             assert_eq!(t.replay(&rid(1, seq, 1), 0), Some(Ok(Output::Deleted(seq))));
         }
-        assert_eq!(t.replay(&rid(2, 1, 1), 0), None, "other clients are separate");
+        assert_eq!(
+            t.replay(&rid(2, 1, 1), 0),
+            None,
+            "other clients are separate"
+        );
     }
 
     #[test]

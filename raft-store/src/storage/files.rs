@@ -28,9 +28,14 @@ pub fn unframe<'a>(magic: &[u8; 8], version: u32, bytes: &'a [u8]) -> Result<&'a
     }
     let (header, body) = bytes.split_at(HEADER_LEN);
     if &header[..8] != magic {
-        return Err(format!("bad magic, not a {} file", String::from_utf8_lossy(magic)));
+        return Err(format!(
+            "bad magic, not a {} file",
+            String::from_utf8_lossy(magic)
+        ));
     }
-    let word = |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+    let word = |at: usize| {
+        u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
     if word(8) != version {
         return Err(format!("format version {}, expected {version}", word(8)));
     }
@@ -38,7 +43,10 @@ pub fn unframe<'a>(magic: &[u8; 8], version: u32, bytes: &'a [u8]) -> Result<&'a
     len.copy_from_slice(&header[16..24]);
     let len = u64::from_le_bytes(len);
     if len != body.len() as u64 {
-        return Err(format!("body is {} bytes, header says {len} (truncated?)", body.len()));
+        return Err(format!(
+            "body is {} bytes, header says {len} (truncated?)",
+            body.len()
+        ));
     }
     if crc32fast::hash(body) != word(12) {
         return Err("checksum mismatch".into());
@@ -80,7 +88,10 @@ mod tests {
         let mut bad = f.clone();
         let last = bad.len() - 1;
         bad[last] ^= 1;
-        assert_eq!(unframe(b"TESTFILE", 3, &bad), Err("checksum mismatch".into()));
+        assert_eq!(
+            unframe(b"TESTFILE", 3, &bad),
+            Err("checksum mismatch".into())
+        );
     }
 
     #[test]
@@ -88,8 +99,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         write_atomically(dir.path(), "f", b"one").expect("write");
         write_atomically(dir.path(), "f", b"two").expect("write");
-        assert_eq!(read_if_exists(&dir.path().join("f")).expect("read"), Some(b"two".to_vec()));
+        assert_eq!(
+            read_if_exists(&dir.path().join("f")).expect("read"),
+            Some(b"two".to_vec())
+        );
         assert!(!dir.path().join("f.tmp").exists());
-        assert_eq!(read_if_exists(&dir.path().join("missing")).expect("read"), None);
+        assert_eq!(
+            read_if_exists(&dir.path().join("missing")).expect("read"),
+            None
+        );
     }
 }

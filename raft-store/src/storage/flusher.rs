@@ -9,6 +9,10 @@
 //! completes them all in FIFO order. Many appends thus share one sync, and because a sync covers
 //! every write made before it started, completion order equals submission order.
 //!
+//! Blob files cost a directory scan to find, so the flusher looks for them only once an entry big
+//! enough to put a page over sled's blob threshold has been written ([`BLOB_SUSPECT_ENTRY_BYTES`]),
+//! and from then on at every sync; blobs left by an earlier run are synced at start.
+//!
 //! After a failed sync the flusher fails every later job as well: once `fsync` has reported an
 //! error, the kernel may have dropped the dirty pages, and a later "successful" sync would lie.
 
@@ -29,9 +33,19 @@ use crate::types::TypeConfig;
 
 use super::witness::Witness;
 
+/// sled's segment size for the Raft log.
+pub const SEGMENT_SIZE: usize = 8 << 20;
+/// sled writes a page larger than this to its own blob file.
+const BLOB_THRESHOLD: usize = SEGMENT_SIZE / 4;
+/// A sled leaf holds up to 17 items before it splits, so once an entry this large exists a page
+/// may cross [`BLOB_THRESHOLD`].
+pub const BLOB_SUSPECT_ENTRY_BYTES: usize = BLOB_THRESHOLD / 17;
+
 /// How far the log has got, as the flusher needs to know it to advance the witness.
 #[derive(Default)]
 pub(crate) struct LogPositions {
+    /// Set (for good) once an entry of [`BLOB_SUSPECT_ENTRY_BYTES`] or more was written.
+    pub blobs_possible: std::sync::atomic::AtomicBool,
     /// Index of the last appended entry (0 when the log is empty).
     pub appended: std::sync::atomic::AtomicU64,
     /// The committed index openraft last reported.
@@ -143,7 +157,9 @@ fn run(rx: mpsc::Receiver<Job>, mut target: SyncTarget, stats: &SyncStats) {
                 let started = Instant::now();
                 let r = target.sync().map_err(|e| e.to_string());
                 stats.latency.record(started.elapsed());
-                stats.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats
+                    .syncs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Err(e) = &r {
                     tracing::error!(error = %e, "log sync failed; refusing all further writes");
                     failed = Some(e.clone());
@@ -182,7 +198,7 @@ impl SyncTarget {
         positions: Arc<LogPositions>,
     ) -> io::Result<Self> {
         let log_file = File::open(dir.join("db"))?;
-        Ok(Self {
+        let mut target = Self {
             db,
             log_file,
             blob_dir: dir.join("blobs"),
@@ -190,7 +206,10 @@ impl SyncTarget {
             hook,
             witness,
             positions,
-        })
+        };
+        // Blobs of an earlier run may never have been synced (a crash after sled wrote them).
+        target.sync_new_blobs()?;
+        Ok(target)
     }
 
     fn sync(&mut self) -> io::Result<()> {
@@ -202,7 +221,9 @@ impl SyncTarget {
         let appended = self.positions.appended.load(Acquire);
         self.db.flush().map_err(io::Error::other)?;
         self.log_file.sync_data()?;
-        self.sync_new_blobs()?;
+        if self.positions.blobs_possible.load(Acquire) {
+            self.sync_new_blobs()?;
+        }
         let committed = self.positions.committed.load(Acquire);
         self.witness.advance_committed(committed.min(appended))
     }

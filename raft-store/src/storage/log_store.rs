@@ -13,13 +13,13 @@ use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 use crate::codec;
 use crate::stats::SyncStats;
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 
-use super::flusher::{Flusher, LogPositions};
+use super::flusher::{Flusher, LogPositions, BLOB_SUSPECT_ENTRY_BYTES};
 use super::witness::Witness;
 
 const KEY_VOTE: &[u8] = b"vote";
@@ -89,7 +89,12 @@ impl LogStore {
     /// (last purged, last) log ids; `last` falls back to the purge point when the log is empty.
     pub(crate) fn log_bounds(&self) -> Result<(Option<LogId>, Option<LogId>), StorageError> {
         let last_purged = self.read_log_id(KEY_LAST_PURGED)?;
-        let last = match self.inner.logs.last().map_err(io_err(StorageIOError::read_logs))? {
+        let last = match self
+            .inner
+            .logs
+            .last()
+            .map_err(io_err(StorageIOError::read_logs))?
+        {
             Some((k, v)) => Some(Self::decode_entry(&k, &v)?.log_id),
             None => None,
         };
@@ -111,7 +116,12 @@ impl LogStore {
     }
 
     fn read_log_id(&self, key: &[u8]) -> Result<Option<LogId>, StorageError> {
-        let Some(bytes) = self.inner.meta.get(key).map_err(io_err(StorageIOError::read))? else {
+        let Some(bytes) = self
+            .inner
+            .meta
+            .get(key)
+            .map_err(io_err(StorageIOError::read))?
+        else {
             return Ok(None);
         };
         codec::decode("log id", &bytes)
@@ -121,10 +131,7 @@ impl LogStore {
 
     fn decode_entry(index: &[u8], bytes: &[u8]) -> Result<Entry, StorageError> {
         codec::decode::<Entry>("log entry", bytes).map_err(|e| {
-            let at = index
-                .try_into()
-                .map(u64::from_be_bytes)
-                .unwrap_or_default();
+            let at = index.try_into().map(u64::from_be_bytes).unwrap_or_default();
             StorageIOError::read_log_at_index(at, openraft::AnyError::new(&e)).into()
         })
     }
@@ -156,7 +163,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
         Ok(out)
     }
 
-    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for item in self.inner.logs.range(index_key(start)..index_key(end)) {
@@ -237,17 +248,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         codec::decode::<Option<LogId>>("log id", &bytes).map_err(io_err(StorageIOError::read))
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let mut batch = sled::Batch::default();
         let mut last = None;
+        let mut largest = 0;
         for entry in entries {
-            let bytes = codec::encode("log entry", &entry).map_err(io_err(StorageIOError::write_logs))?;
+            let bytes =
+                codec::encode("log entry", &entry).map_err(io_err(StorageIOError::write_logs))?;
+            largest = largest.max(bytes.len());
             batch.insert(&index_key(entry.log_id.index), bytes);
             last = Some(entry.log_id.index);
+        }
+        if largest >= BLOB_SUSPECT_ENTRY_BYTES {
+            // Set before the write: the sync that covers it must look for blob files.
+            self.inner
+                .positions
+                .blobs_possible
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         self.inner
             .logs
@@ -266,10 +291,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.inner
-            .positions
-            .appended
-            .store(log_id.index.saturating_sub(1), std::sync::atomic::Ordering::Release);
+        self.inner.positions.appended.store(
+            log_id.index.saturating_sub(1),
+            std::sync::atomic::Ordering::Release,
+        );
         let mut batch = sled::Batch::default();
         for item in self.inner.logs.range(index_key(log_id.index)..) {
             let (k, _) = item.map_err(io_err(StorageIOError::write_logs))?;

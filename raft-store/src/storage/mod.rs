@@ -21,7 +21,7 @@ use std::sync::Arc;
 pub use flusher::SyncHook;
 pub use log_store::LogStore;
 pub use snapshot::SnapshotError;
-pub use state_machine::{ApplyListener, Applied, StateMachineStore, StateReader};
+pub use state_machine::{Applied, ApplyListener, StateMachineStore, StateReader};
 
 /// How to open a replica's storage.
 #[derive(Clone)]
@@ -79,7 +79,11 @@ pub struct Opened {
 }
 
 /// Opens (creating if needed) the storage of one replica in `data_dir`.
-pub fn open(data_dir: &Path, options: StoreOptions, listener: Arc<dyn ApplyListener>) -> Result<Opened, OpenError> {
+pub fn open(
+    data_dir: &Path,
+    options: StoreOptions,
+    listener: Arc<dyn ApplyListener>,
+) -> Result<Opened, OpenError> {
     std::fs::create_dir_all(data_dir).map_err(|source| OpenError::CreateDir {
         path: data_dir.to_path_buf(),
         source,
@@ -92,6 +96,9 @@ pub fn open(data_dir: &Path, options: StoreOptions, listener: Arc<dyn ApplyListe
     let db = sled::Config::new()
         .path(&raft_dir)
         .cache_capacity(options.cache_capacity_bytes)
+        // sled writes any page larger than a quarter segment to a separate blob file; with 8 MiB
+        // segments a leaf of batched entries stays inline (see the flusher's blob handling).
+        .segment_size(flusher::SEGMENT_SIZE)
         // The flusher syncs on every write that needs it; sled's own periodic flush would only
         // add fsyncs competing with it.
         .flush_every_ms(None)
@@ -104,19 +111,28 @@ pub fn open(data_dir: &Path, options: StoreOptions, listener: Arc<dyn ApplyListe
     let (witness, witnessed) = witness::Witness::open(&raft_dir).map_err(damaged)?;
     let witness = Arc::new(witness);
     let positions = Arc::new(flusher::LogPositions::default());
-    let flusher = flusher::Flusher::start(db.clone(), &raft_dir, options.sync_hook, witness.clone(), positions.clone())
-        .map_err(|source| OpenError::Flusher {
-            path: raft_dir.clone(),
-            source,
-        })?;
-    let log_store = LogStore::new(&db, flusher, witness, positions).map_err(|e| damaged(e.to_string()))?;
+    let flusher = flusher::Flusher::start(
+        db.clone(),
+        &raft_dir,
+        options.sync_hook,
+        witness.clone(),
+        positions.clone(),
+    )
+    .map_err(|source| OpenError::Flusher {
+        path: raft_dir.clone(),
+        source,
+    })?;
+    let log_store =
+        LogStore::new(&db, flusher, witness, positions).map_err(|e| damaged(e.to_string()))?;
     let snapshots = snapshot::SnapshotDir::open(&data_dir.join("snapshots"))?;
     let state_machine = StateMachineStore::open(snapshots, listener)?;
     check_consistency(&log_store, &state_machine, witnessed.as_ref()).map_err(damaged)?;
     let fresh = witnessed.is_none();
     if fresh {
         // From now on this directory is known to hold Raft state; losing it is detectable.
-        log_store.init_witness().map_err(|e| damaged(format!("cannot write the witness: {e}")))?;
+        log_store
+            .init_witness()
+            .map_err(|e| damaged(format!("cannot write the witness: {e}")))?;
     }
     Ok(Opened {
         log: log_store,

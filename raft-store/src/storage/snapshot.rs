@@ -44,7 +44,11 @@ pub(crate) struct SnapshotBody {
 
 /// Encodes a snapshot into the bytes that are both stored and shipped.
 pub(crate) fn encode(body: &SnapshotBody) -> Result<Vec<u8>, codec::CodecError> {
-    Ok(files::frame(MAGIC, FORMAT_VERSION, &codec::encode("snapshot", body)?))
+    Ok(files::frame(
+        MAGIC,
+        FORMAT_VERSION,
+        &codec::encode("snapshot", body)?,
+    ))
 }
 
 /// Checks and decodes snapshot bytes; `origin` names where they came from, for the error.
@@ -123,7 +127,10 @@ mod tests {
         let mut flipped = bytes.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 0xff;
-        assert!(matches!(decode(&flipped, "t"), Err(SnapshotError::Corrupt { .. })));
+        assert!(matches!(
+            decode(&flipped, "t"),
+            Err(SnapshotError::Corrupt { .. })
+        ));
         assert!(decode(&bytes[..bytes.len() - 1], "t").is_err(), "truncated");
         assert!(decode(b"short", "t").is_err());
     }

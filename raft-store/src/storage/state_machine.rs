@@ -16,7 +16,9 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 
 use crate::command::CommandResult;
 use crate::state::{Change, CoordState};
-use crate::types::{Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::types::{
+    Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
 
 use super::snapshot::{self, SnapshotBody, SnapshotDir};
 
@@ -99,9 +101,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        Ok(self
-            .reader
-            .read(|a| (a.last_applied, a.membership.clone())))
+        Ok(self.reader.read(|a| (a.last_applied, a.membership.clone())))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<CommandResult>>, StorageError>
@@ -161,13 +161,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     body.meta.last_log_id, meta.last_log_id
                 ),
             };
-            return Err(StorageIOError::read_snapshot(Some(meta.signature()), openraft::AnyError::new(&e)).into());
+            return Err(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                openraft::AnyError::new(&e),
+            )
+            .into());
         }
         let snapshots = self.snapshots.clone();
         tokio::task::spawn_blocking(move || snapshots.replace(&bytes))
             .await
             .map_err(sm_err)?
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::new(&e)))?;
+            .map_err(|e| {
+                StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::new(&e))
+            })?;
         {
             let mut g = self.reader.lock_write();
             g.state = body.state;
@@ -223,7 +229,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let bytes = tokio::task::spawn_blocking(move || {
             let bytes = snapshot::encode(&body).map_err(sm_err)?;
             snapshots.replace(&bytes).map_err(|e| {
-                StorageError::from(StorageIOError::write_snapshot(None, openraft::AnyError::new(&e)))
+                StorageError::from(StorageIOError::write_snapshot(
+                    None,
+                    openraft::AnyError::new(&e),
+                ))
             })?;
             Ok::<_, StorageError>(bytes)
         })

@@ -44,17 +44,18 @@ impl Witness {
     /// Opens the witness in `dir`; also returns what it held (`None` on a replica's first start).
     pub(crate) fn open(dir: &Path) -> Result<(Self, Option<WitnessState>), String> {
         let path = dir.join(FILE_NAME);
-        let stored = match files::read_if_exists(&path).map_err(|e| format!("{}: {e}", path.display()))? {
-            None => None,
-            Some(bytes) => {
-                let body = files::unframe(MAGIC, FORMAT_VERSION, &bytes)
-                    .map_err(|e| format!("{} is corrupt: {e}", path.display()))?;
-                Some(
-                    codec::decode::<WitnessState>("witness", body)
-                        .map_err(|e| format!("{} is corrupt: {e}", path.display()))?,
-                )
-            }
-        };
+        let stored =
+            match files::read_if_exists(&path).map_err(|e| format!("{}: {e}", path.display()))? {
+                None => None,
+                Some(bytes) => {
+                    let body = files::unframe(MAGIC, FORMAT_VERSION, &bytes)
+                        .map_err(|e| format!("{} is corrupt: {e}", path.display()))?;
+                    Some(
+                        codec::decode::<WitnessState>("witness", body)
+                            .map_err(|e| format!("{} is corrupt: {e}", path.display()))?,
+                    )
+                }
+            };
         let witness = Self {
             dir: dir.to_path_buf(),
             state: Mutex::new((stored.clone().unwrap_or_default(), None)),
@@ -64,7 +65,11 @@ impl Witness {
 
     fn write(&self, state: &WitnessState) -> std::io::Result<()> {
         let body = codec::encode("witness", state).map_err(std::io::Error::other)?;
-        files::write_atomically(&self.dir, FILE_NAME, &files::frame(MAGIC, FORMAT_VERSION, &body))
+        files::write_atomically(
+            &self.dir,
+            FILE_NAME,
+            &files::frame(MAGIC, FORMAT_VERSION, &body),
+        )
     }
 
     /// Durably writes the empty state of a new log.
@@ -85,7 +90,9 @@ impl Witness {
     /// Raises the committed index to `index` if it grew and the last write is old enough.
     pub(crate) fn advance_committed(&self, index: u64) -> std::io::Result<()> {
         let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if index <= g.0.committed_index || g.1.is_some_and(|t| t.elapsed() < COMMIT_WITNESS_INTERVAL) {
+        if index <= g.0.committed_index
+            || g.1.is_some_and(|t| t.elapsed() < COMMIT_WITNESS_INTERVAL)
+        {
             return Ok(());
         }
         let mut next = g.0.clone();
