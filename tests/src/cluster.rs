@@ -183,6 +183,14 @@ impl Cluster {
             .expect("no such replica")
     }
 
+    /// Some replica other than `id` (e.g. a follower, given the leader).
+    pub fn other_than(&self, id: u64) -> u64 {
+        self.ids()
+            .into_iter()
+            .find(|&i| i != id)
+            .expect("another replica")
+    }
+
     /// gRPC addresses of every replica.
     pub fn endpoints(&self) -> Vec<String> {
         self.replicas.iter().map(|r| r.grpc.to_string()).collect()

@@ -72,11 +72,7 @@ async fn writes_through_each_replica_are_read_through_every_replica() {
 async fn a_parked_get_is_released_by_an_insert() {
     let mut c = Cluster::start(ClusterOptions::default());
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = c
-        .ids()
-        .into_iter()
-        .find(|&i| i != leader)
-        .expect("a follower");
+    let follower = c.other_than(leader);
     // Through a follower, so the parked call is a forwarded one.
     let waiter = {
         let cl = client_via(&c, follower);
@@ -219,11 +215,7 @@ async fn stopping_and_starting_all_three_keeps_every_write() {
 async fn bad_input_gets_a_precise_error_and_changes_nothing() {
     let mut c = Cluster::start(ClusterOptions::default());
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = c
-        .ids()
-        .into_iter()
-        .find(|&i| i != leader)
-        .expect("a follower");
+    let follower = c.other_than(leader);
     let cl = client_via(&c, follower);
     let expect = |r: Result<(), tonic::Status>, code: Code, needle: &str| {
         let e = r.expect_err("must fail");
@@ -301,11 +293,7 @@ async fn bad_input_gets_a_precise_error_and_changes_nothing() {
 async fn a_retried_request_is_applied_once() {
     let mut c = Cluster::start(ClusterOptions::default());
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = c
-        .ids()
-        .into_iter()
-        .find(|&i| i != leader)
-        .expect("a follower");
+    let follower = c.other_than(leader);
     let id = WireRequestId {
         client: 4242,
         seq: 1,

@@ -88,14 +88,7 @@ pub(crate) struct Flusher {
 }
 
 impl Flusher {
-    pub(crate) fn start(
-        db: sled::Db,
-        dir: &Path,
-        hook: Option<Arc<dyn SyncHook>>,
-        witness: Arc<Witness>,
-        positions: Arc<LogPositions>,
-    ) -> io::Result<Self> {
-        let target = SyncTarget::open(db, dir, hook, witness, positions)?;
+    pub(crate) fn start(target: SyncTarget) -> io::Result<Self> {
         let stats = Arc::new(SyncStats::default());
         let (tx, rx) = mpsc::channel();
         let thread_stats = stats.clone();
@@ -176,8 +169,8 @@ fn run(rx: mpsc::Receiver<Job>, mut target: SyncTarget, stats: &SyncStats) {
     }
 }
 
-/// The files a sync must reach.
-struct SyncTarget {
+/// The files a sync must reach, and what to tell the witness after.
+pub(crate) struct SyncTarget {
     db: sled::Db,
     /// sled's single log file, opened once.
     log_file: File,
@@ -190,7 +183,7 @@ struct SyncTarget {
 }
 
 impl SyncTarget {
-    fn open(
+    pub(crate) fn open(
         db: sled::Db,
         dir: &Path,
         hook: Option<Arc<dyn SyncHook>>,

@@ -102,31 +102,24 @@ impl LogStore {
     }
 
     pub(crate) fn stored_vote(&self) -> Result<Option<Vote>, StorageError> {
-        let Some(bytes) = self
-            .inner
-            .meta
-            .get(KEY_VOTE)
-            .map_err(io_err(StorageIOError::read_vote))?
-        else {
-            return Ok(None);
-        };
-        codec::decode("vote", &bytes)
-            .map(Some)
-            .map_err(io_err(StorageIOError::read_vote))
+        self.read_meta_value(KEY_VOTE, "vote", StorageIOError::read_vote)
     }
 
     fn read_log_id(&self, key: &[u8]) -> Result<Option<LogId>, StorageError> {
-        let Some(bytes) = self
-            .inner
-            .meta
-            .get(key)
-            .map_err(io_err(StorageIOError::read))?
-        else {
+        self.read_meta_value(key, "log id", StorageIOError::read)
+    }
+
+    /// Reads and decodes one value of the `meta` tree; `err` says what failed to read.
+    fn read_meta_value<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+        err: fn(openraft::AnyError) -> StorageIOError<u64>,
+    ) -> Result<Option<T>, StorageError> {
+        let Some(bytes) = self.inner.meta.get(key).map_err(io_err(err))? else {
             return Ok(None);
         };
-        codec::decode("log id", &bytes)
-            .map(Some)
-            .map_err(io_err(StorageIOError::read))
+        codec::decode(what, &bytes).map(Some).map_err(io_err(err))
     }
 
     fn decode_entry(index: &[u8], bytes: &[u8]) -> Result<Entry, StorageError> {
@@ -237,15 +230,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        let Some(bytes) = self
-            .inner
-            .meta
-            .get(KEY_COMMITTED)
-            .map_err(io_err(StorageIOError::read))?
-        else {
-            return Ok(None);
-        };
-        codec::decode::<Option<LogId>>("log id", &bytes).map_err(io_err(StorageIOError::read))
+        let committed: Option<Option<LogId>> =
+            self.read_meta_value(KEY_COMMITTED, "log id", StorageIOError::read)?;
+        Ok(committed.flatten())
     }
 
     async fn append<I>(

@@ -111,17 +111,19 @@ pub fn open(
     let (witness, witnessed) = witness::Witness::open(&raft_dir).map_err(damaged)?;
     let witness = Arc::new(witness);
     let positions = Arc::new(flusher::LogPositions::default());
-    let flusher = flusher::Flusher::start(
+    let flusher_err = |source| OpenError::Flusher {
+        path: raft_dir.clone(),
+        source,
+    };
+    let target = flusher::SyncTarget::open(
         db.clone(),
         &raft_dir,
         options.sync_hook,
         witness.clone(),
         positions.clone(),
     )
-    .map_err(|source| OpenError::Flusher {
-        path: raft_dir.clone(),
-        source,
-    })?;
+    .map_err(flusher_err)?;
+    let flusher = flusher::Flusher::start(target).map_err(flusher_err)?;
     let log_store =
         LogStore::new(&db, flusher, witness, positions).map_err(|e| damaged(e.to_string()))?;
     let snapshots = snapshot::SnapshotDir::open(&data_dir.join("snapshots"))?;
