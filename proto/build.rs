@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Values and Raft payloads are handed around without copies.
         .bytes(".")
+        // Small initial buffers: a replica holds thousands of calls at once.
+        .codec_path("crate::codec::SmallBufferCodec")
         .compile_fds(fds)?;
     Ok(())
 }

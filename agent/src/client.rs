@@ -14,7 +14,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use coord_proto::coord::admin::admin_client::AdminClient;
-use coord_proto::coord::admin::{StatusReply, StatusRequest};
+use coord_proto::coord::admin::{ShutdownServiceRequest, StatusReply, StatusRequest};
+use coord_proto::coord::coordination::coordination_client::CoordinationClient;
+use coord_proto::coord::coordination::{
+    GetTaskStateRequest, GetTaskStateResponse, PollForErrorRequest, PollForErrorResponse,
+};
 use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
@@ -146,8 +150,8 @@ impl CoordClient {
             allow_overwrite: overwrite,
         };
         let ticket = self.inner.session.begin();
-        self.call(req, Some(&ticket), |mut c, r| async move {
-            c.insert_key_value(r).await
+        self.call(req, Some(&ticket), |ch, r| async move {
+            tf_client(ch).insert_key_value(r).await
         })
         .await
         .map(|_| ())
@@ -159,11 +163,9 @@ impl CoordClient {
             key: key.to_string(),
         };
         let resp = self
-            .call(
-                req,
-                None,
-                |mut c, r| async move { c.get_key_value(r).await },
-            )
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).get_key_value(r).await
+            })
             .await?;
         Ok(resp.kv.map(|e| e.value).unwrap_or_default())
     }
@@ -174,11 +176,9 @@ impl CoordClient {
             key: key.to_string(),
         };
         match self
-            .call(
-                req,
-                None,
-                |mut c, r| async move { c.try_get_key_value(r).await },
-            )
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).try_get_key_value(r).await
+            })
             .await
         {
             Ok(resp) => Ok(Some(resp.kv.map(|e| e.value).unwrap_or_default())),
@@ -193,11 +193,9 @@ impl CoordClient {
             directory_key: dir.to_string(),
         };
         let resp = self
-            .call(
-                req,
-                None,
-                |mut c, r| async move { c.get_key_value_dir(r).await },
-            )
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).get_key_value_dir(r).await
+            })
             .await?;
         Ok(resp.kv.into_iter().map(|e| (e.key, e.value)).collect())
     }
@@ -209,8 +207,198 @@ impl CoordClient {
             is_directory: true,
         };
         let ticket = self.inner.session.begin();
-        self.call(req, Some(&ticket), |mut c, r| async move {
-            c.delete_key_value(r).await
+        self.call(req, Some(&ticket), |ch, r| async move {
+            tf_client(ch).delete_key_value(r).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// A mutation of the coordination service, sent with a fresh request id.
+    async fn mutate<Req, Resp, F, Fut>(&self, req: Req, f: F) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let ticket = self.inner.session.begin();
+        self.call(req, Some(&ticket), f).await
+    }
+
+    /// Registers `task`; returns the service incarnation.
+    pub async fn register_task(
+        &self,
+        task: &tf::CoordinatedTask,
+        incarnation: u64,
+    ) -> Result<u64, Status> {
+        let req = tf::RegisterTaskRequest {
+            incarnation,
+            source_task: Some(task.clone()),
+        };
+        let resp = self
+            .mutate(
+                req,
+                |ch, r| async move { tf_client(ch).register_task(r).await },
+            )
+            .await?;
+        Ok(resp.leader_incarnation)
+    }
+
+    /// One heartbeat; returns the service incarnation.
+    pub async fn heartbeat(
+        &self,
+        task: &tf::CoordinatedTask,
+        incarnation: u64,
+    ) -> Result<u64, Status> {
+        let req = tf::HeartbeatRequest {
+            incarnation,
+            source_task: Some(task.clone()),
+        };
+        let resp = self
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).heartbeat(r).await
+            })
+            .await?;
+        Ok(resp.leader_incarnation)
+    }
+
+    /// Waits until every task has called this; returns the cluster's devices.
+    pub async fn wait_for_all_tasks(
+        &self,
+        task: &tf::CoordinatedTask,
+        devices: Option<tf::CoordinationServiceDeviceInfo>,
+    ) -> Result<tf::WaitForAllTasksResponse, Status> {
+        let req = tf::WaitForAllTasksRequest {
+            local_device_info: devices,
+            source_task: Some(task.clone()),
+        };
+        self.mutate(req, |ch, r| async move {
+            tf_client(ch).wait_for_all_tasks(r).await
+        })
+        .await
+    }
+
+    /// Waits at barrier `id` (instance `counter`); `tasks` empty = every task. Returns the
+    /// instance's counter.
+    pub async fn barrier(
+        &self,
+        id: &str,
+        counter: i64,
+        timeout: Duration,
+        tasks: &[tf::CoordinatedTask],
+        source: &tf::CoordinatedTask,
+    ) -> Result<i64, Status> {
+        let req = tf::BarrierRequest {
+            barrier_id: id.to_string(),
+            barrier_timeout_in_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+            tasks: tasks.to_vec(),
+            source_task: Some(source.clone()),
+            counter,
+        };
+        let resp = self
+            .mutate(req, |ch, r| async move { tf_client(ch).barrier(r).await })
+            .await?;
+        Ok(resp.counter)
+    }
+
+    pub async fn cancel_barrier(
+        &self,
+        id: &str,
+        counter: i64,
+        source: &tf::CoordinatedTask,
+    ) -> Result<(), Status> {
+        let req = tf::CancelBarrierRequest {
+            barrier_id: id.to_string(),
+            source_task: Some(source.clone()),
+            counter,
+        };
+        self.mutate(
+            req,
+            |ch, r| async move { tf_client(ch).cancel_barrier(r).await },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn report_error(
+        &self,
+        task: &tf::CoordinatedTask,
+        code: i32,
+        message: &str,
+    ) -> Result<(), Status> {
+        let req = tf::ReportErrorToServiceRequest {
+            error_code: code,
+            error_message: message.to_string(),
+            error_origin: Some(task.clone()),
+        };
+        self.mutate(req, |ch, r| async move {
+            tf_client(ch).report_error_to_service(r).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn reset_task(&self, task: &tf::CoordinatedTask) -> Result<(), Status> {
+        let req = tf::ResetTaskRequest {
+            source_task: Some(task.clone()),
+        };
+        self.mutate(
+            req,
+            |ch, r| async move { tf_client(ch).reset_task(r).await },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn shutdown_task(&self, task: &tf::CoordinatedTask) -> Result<(), Status> {
+        let req = tf::ShutdownTaskRequest {
+            source_task: Some(task.clone()),
+        };
+        self.mutate(
+            req,
+            |ch, r| async move { tf_client(ch).shutdown_task(r).await },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Waits for the first error after `after_seq` that `task` must learn of.
+    pub async fn poll_for_error(
+        &self,
+        task: &tf::CoordinatedTask,
+        after_seq: u64,
+    ) -> Result<PollForErrorResponse, Status> {
+        let req = PollForErrorRequest {
+            task: Some(task.clone()),
+            after_seq,
+        };
+        self.call(req, None, |ch, r| async move {
+            CoordinationClient::new(ch).poll_for_error(r).await
+        })
+        .await
+    }
+
+    /// The states of `tasks` (every task if empty).
+    pub async fn task_states(
+        &self,
+        tasks: &[tf::CoordinatedTask],
+    ) -> Result<GetTaskStateResponse, Status> {
+        let req = GetTaskStateRequest {
+            tasks: tasks.to_vec(),
+        };
+        self.call(req, None, |ch, r| async move {
+            CoordinationClient::new(ch).get_task_state(r).await
+        })
+        .await
+    }
+
+    /// Ends the coordination service for the job: pending barriers fail ABORTED.
+    pub async fn shutdown_service(&self, reason: &str) -> Result<(), Status> {
+        let req = ShutdownServiceRequest {
+            reason: reason.to_string(),
+        };
+        self.mutate(req, |ch, r| async move {
+            AdminClient::new(ch).shutdown_service(r).await
         })
         .await
         .map(|_| ())
@@ -224,7 +412,7 @@ impl CoordClient {
     ) -> Result<Resp, Status>
     where
         Req: Clone,
-        F: Fn(CoordinationServiceClient<Channel>, Request<Req>) -> Fut,
+        F: Fn(Channel, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let n = self.inner.channels.len();
@@ -236,10 +424,7 @@ impl CoordClient {
             if let Some(t) = ticket {
                 t.id.write(r.metadata_mut());
             }
-            let client = CoordinationServiceClient::new(self.inner.channels[at].clone())
-                .max_decoding_message_size(MESSAGE_LIMIT)
-                .max_encoding_message_size(MESSAGE_LIMIT);
-            let status = match f(client, r).await {
+            let status = match f(self.inner.channels[at].clone(), r).await {
                 Ok(resp) => {
                     self.inner.preferred.store(at, Ordering::Relaxed);
                     return Ok(resp.into_inner());
@@ -274,10 +459,19 @@ impl CoordClient {
     }
 }
 
+fn tf_client(ch: Channel) -> CoordinationServiceClient<Channel> {
+    CoordinationServiceClient::new(ch)
+        .max_decoding_message_size(MESSAGE_LIMIT)
+        .max_encoding_message_size(MESSAGE_LIMIT)
+}
+
 /// Failures after which the same request may be sent again: the replica is unreachable or has no
 /// leader (`UNAVAILABLE`), or the connection broke mid-call (tonic reports `UNKNOWN` for some
 /// transport errors). Resending is safe because mutations carry their request id.
 fn retryable(s: &Status) -> bool {
+    if s.metadata().contains_key(coord_proto::metadata::FINAL) {
+        return false;
+    }
     match s.code() {
         Code::Unavailable => true,
         Code::Unknown => s.metadata().is_empty() || s.message().contains("transport"),

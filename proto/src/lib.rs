@@ -3,8 +3,10 @@
 //! - [`tensorflow`]: `tensorflow.CoordinationService`, the seed schema plus the fields TensorFlow
 //!   added later (`allow_overwrite`, barrier `counter`).
 //! - [`coord::raft`]: the Raft transport between replicas.
-//! - [`coord::admin`]: ensemble status (and membership, later).
+//! - [`coord::admin`]: ensemble status, service shutdown (and membership, later).
+//! - [`coord::coordination`]: error polling and task states, beside the TF service.
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
+//! - [`codec`]: the prost codec every service uses, with small initial buffers.
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
 
@@ -19,6 +21,10 @@ pub mod coord {
     pub mod admin {
         tonic::include_proto!("coord.admin");
     }
+    pub mod coordination {
+        tonic::include_proto!("coord.coordination");
+    }
 }
 
+pub mod codec;
 pub mod metadata;

@@ -17,6 +17,10 @@ use tonic::metadata::MetadataMap;
 pub const REQUEST_ID: &str = "coord-request-id";
 /// Set by a replica forwarding a request to the leader; the leader never forwards it again.
 pub const FORWARDED: &str = "coord-forwarded";
+/// Marks an answer of the service whose code clients would otherwise take for "try again"
+/// (UNAVAILABLE, UNKNOWN), e.g. the stored error of a task that missed its heartbeats: retrying
+/// it would only get the same answer.
+pub const FINAL: &str = "coord-final";
 /// On `UNAVAILABLE`: who leads, so the client can go there.
 pub const LEADER_ID: &str = "coord-leader-id";
 pub const LEADER_ADDR: &str = "coord-leader-addr";

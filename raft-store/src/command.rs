@@ -8,6 +8,8 @@ use std::fmt;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::state::{ClusterConfig, Code, DeviceInfo, Outcome, TaskName};
+
 /// The payload of one Raft entry: a batch of commands proposed together.
 ///
 /// The leader coalesces concurrent client writes into one proposal; they are applied in order, each
@@ -79,10 +81,68 @@ pub enum Op {
         overwrite: bool,
     },
     /// Delete `key` and every key under `key/`.
-    KvDelete { key: String },
+    KvDelete {
+        key: String,
+    },
     /// Add `delta` to the decimal integer stored at `key` (missing keys count as 0) and store the
     /// result as decimal ASCII.
-    KvIncrement { key: String, delta: i64 },
+    KvIncrement {
+        key: String,
+        delta: i64,
+    },
+    /// Sets up the coordinated job; ignored once set (the first leader proposes it).
+    InitCluster {
+        config: ClusterConfig,
+        service_incarnation: u64,
+    },
+    RegisterTask {
+        task: TaskName,
+        incarnation: u64,
+    },
+    /// The task reports an error of its own (ReportErrorToService).
+    ReportError {
+        task: TaskName,
+        code: Code,
+        message: String,
+    },
+    /// The leader saw no heartbeat from the task, connected with `incarnation`, for `silent_ms`.
+    HeartbeatTimeout {
+        task: TaskName,
+        incarnation: u64,
+        silent_ms: u64,
+    },
+    ResetTask {
+        task: TaskName,
+    },
+    ShutdownTask {
+        task: TaskName,
+    },
+    WaitForAllTasks {
+        task: TaskName,
+        devices: DeviceInfo,
+    },
+    Barrier {
+        id: String,
+        counter: i64,
+        /// Empty = every task of the cluster.
+        tasks: Vec<TaskName>,
+        timeout_ms: i64,
+        source: TaskName,
+    },
+    CancelBarrier {
+        id: String,
+        counter: i64,
+        source: TaskName,
+    },
+    /// The leader's clock passed the instance's deadline.
+    ExpireBarrier {
+        id: String,
+        counter: i64,
+    },
+    /// Every pending barrier fails ABORTED.
+    ShutdownService {
+        reason: String,
+    },
 }
 
 impl fmt::Display for Op {
@@ -99,6 +159,26 @@ impl fmt::Display for Op {
             ),
             Op::KvDelete { key } => write!(f, "delete({key:?})"),
             Op::KvIncrement { key, delta } => write!(f, "increment({key:?}, {delta})"),
+            Op::InitCluster { config, .. } => {
+                write!(f, "init_cluster({} tasks)", config.task_count())
+            }
+            Op::RegisterTask { task, incarnation } => {
+                write!(f, "register({task}, {incarnation:#x})")
+            }
+            Op::ReportError { task, code, .. } => write!(f, "report_error({task}, {code:?})"),
+            Op::HeartbeatTimeout { task, .. } => write!(f, "heartbeat_timeout({task})"),
+            Op::ResetTask { task } => write!(f, "reset({task})"),
+            Op::ShutdownTask { task } => write!(f, "shutdown({task})"),
+            Op::WaitForAllTasks { task, .. } => write!(f, "wait_for_all_tasks({task})"),
+            Op::Barrier {
+                id,
+                counter,
+                source,
+                ..
+            } => write!(f, "barrier({id:?}#{counter}, {source})"),
+            Op::CancelBarrier { id, counter, .. } => write!(f, "cancel_barrier({id:?}#{counter})"),
+            Op::ExpireBarrier { id, counter } => write!(f, "expire_barrier({id:?}#{counter})"),
+            Op::ShutdownService { .. } => write!(f, "shutdown_service"),
         }
     }
 }
@@ -115,6 +195,13 @@ pub enum Output {
     Value(Bytes),
     /// How many keys a delete removed.
     Deleted(u64),
+    /// The task is registered with the service of this incarnation.
+    Registered { service_incarnation: u64 },
+    /// Where the caller's barrier instance stands: finished (`Some`) or still waiting.
+    Barrier {
+        counter: i64,
+        outcome: Option<Outcome>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -127,6 +214,12 @@ pub enum OpError {
     NotAnInteger { key: String },
     #[error("incrementing key {key:?} by {delta} overflows a 64-bit integer")]
     Overflow { key: String, delta: i64 },
+    /// A coordination-service outcome with its gRPC code (the message names the task or barrier).
+    #[error("{message}")]
+    Status { code: Code, message: String },
+    /// Task and barrier requests before the ensemble set the cluster up.
+    #[error("the coordination service has no cluster configuration yet")]
+    NoCluster,
     /// The request's result was already delivered and forgotten (its client has acknowledged it),
     /// so this copy is a late duplicate and is not applied again.
     #[error("request {request} is a duplicate of one already answered")]

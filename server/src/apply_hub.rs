@@ -1,27 +1,74 @@
 //! Where apply's effects reach the server: the state machine reports every applied batch here,
-//! after releasing the state lock, and the hub wakes the parked calls it concerns.
+//! after releasing the state lock, and the hub wakes the parked calls it concerns and hands barrier
+//! deadlines to the leader's timer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use bytes::Bytes;
 use coord_raft_store::storage::ApplyListener;
 use coord_raft_store::types::LogId;
 use coord_raft_store::Change;
+use tokio::sync::mpsc;
 
-use crate::parked::{ParkedGets, Wake};
+use crate::parked::{WaitRegistry, Wake};
+
+/// Blocking gets, by key; woken with the inserted value.
+pub type KvWaiters = WaitRegistry<String, Bytes>;
+/// Barrier waits, by (barrier id, instance counter); woken when the instance finished.
+pub type BarrierWaiters = WaitRegistry<(String, i64), ()>;
+/// Error polls; woken with the sequence number of each new error.
+pub type ErrorWaiters = WaitRegistry<(), u64>;
+
+/// A barrier instance with a deadline, for the leader's timer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    pub id: String,
+    pub counter: i64,
+    pub at_ms: u64,
+}
 
 pub struct ApplyHub {
-    pub parked: Arc<ParkedGets>,
+    pub kv: Arc<KvWaiters>,
+    pub barriers: Arc<BarrierWaiters>,
+    pub errors: Arc<ErrorWaiters>,
+    deadlines_tx: mpsc::UnboundedSender<Deadline>,
+    deadlines_rx: Mutex<Option<mpsc::UnboundedReceiver<Deadline>>>,
     /// The last applied log index, for metrics.
     pub applied_index: AtomicU64,
 }
 
 impl ApplyHub {
     pub fn new() -> Arc<Self> {
+        let (deadlines_tx, rx) = mpsc::unbounded_channel();
         Arc::new(Self {
-            parked: Arc::new(ParkedGets::default()),
+            kv: Arc::default(),
+            barriers: Arc::default(),
+            errors: Arc::default(),
+            deadlines_tx,
+            deadlines_rx: Mutex::new(Some(rx)),
             applied_index: AtomicU64::new(0),
         })
+    }
+
+    /// The stream of barrier deadlines (taken once, by the barrier timer).
+    pub fn take_deadlines(&self) -> Option<mpsc::UnboundedReceiver<Deadline>> {
+        self.deadlines_rx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Every parked call, of every kind.
+    pub fn parked(&self) -> usize {
+        self.kv.len() + self.barriers.len() + self.errors.len()
+    }
+
+    /// This replica stopped leading: every parked call fails so that it is re-driven elsewhere.
+    pub fn leadership_lost(&self) {
+        self.kv.wake_all(|| Wake::LeaderLost);
+        self.barriers.wake_all(|| Wake::LeaderLost);
+        self.errors.wake_all(|| Wake::LeaderLost);
     }
 }
 
@@ -29,8 +76,24 @@ impl ApplyListener for ApplyHub {
     fn applied(&self, last: LogId, changes: &[Change]) {
         self.applied_index.store(last.index, Ordering::Relaxed);
         for change in changes {
-            if let Change::KvPut { key, value, .. } = change {
-                self.parked.wake(key, value);
+            match change {
+                Change::KvPut { key, value, .. } => self.kv.wake(key, value),
+                Change::BarrierDone { id, counter } => {
+                    self.barriers.wake(&(id.clone(), *counter), &())
+                }
+                Change::ErrorRaised { seq } => self.errors.wake(&(), seq),
+                Change::BarrierStarted {
+                    id,
+                    counter,
+                    deadline_ms: Some(at_ms),
+                } => {
+                    let _ = self.deadlines_tx.send(Deadline {
+                        id: id.clone(),
+                        counter: *counter,
+                        at_ms: *at_ms,
+                    });
+                }
+                _ => {}
             }
         }
     }
@@ -38,6 +101,8 @@ impl ApplyListener for ApplyHub {
     fn replaced(&self, last: Option<LogId>) {
         self.applied_index
             .store(last.map_or(0, |l| l.index), Ordering::Relaxed);
-        self.parked.wake_all(|| Wake::Recheck);
+        self.kv.wake_all(|| Wake::Recheck);
+        self.barriers.wake_all(|| Wake::Recheck);
+        self.errors.wake_all(|| Wake::Recheck);
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use coord_raft_store::state::ClusterConfig;
 
 /// One replica of a coord ensemble.
 ///
@@ -73,6 +74,35 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub max_inflight_proposals: usize,
 
+    /// A coordinated job and its task count, `name=count` (repeat for each job), e.g.
+    /// `--job worker=4 --job ps=2`.
+    #[arg(long = "job", value_parser = parse_job)]
+    pub jobs: Vec<(String, u32)>,
+
+    /// A JSON file with the cluster configuration instead of the --job and timeout flags:
+    /// `{"jobs": {"worker": 4}, "heartbeat_timeout_ms": 10000, "register_timeout_ms": 0,
+    /// "shutdown_barrier_timeout_ms": 0, "recoverable_jobs": []}` (fields may be left out).
+    #[arg(long)]
+    pub cluster_config: Option<PathBuf>,
+
+    /// A connected task that sends no heartbeat for this long is put in ERROR.
+    #[arg(long, default_value_t = 10_000)]
+    pub heartbeat_timeout_ms: u64,
+
+    /// WaitForAllTasks fails if not every task has arrived this long after the first (0 = wait
+    /// forever).
+    #[arg(long, default_value_t = 0)]
+    pub register_timeout_ms: u64,
+
+    /// ShutdownTask waits up to this long for every task, so that all disconnect together
+    /// (0 = each task disconnects at once).
+    #[arg(long, default_value_t = 0)]
+    pub shutdown_barrier_timeout_ms: u64,
+
+    /// A job whose tasks may restart without failing the others (repeatable).
+    #[arg(long = "recoverable-job")]
+    pub recoverable_jobs: Vec<String>,
+
     /// Threads of the async runtime; 0 = one per CPU core.
     #[arg(long, default_value_t = 0)]
     pub worker_threads: usize,
@@ -85,6 +115,35 @@ pub struct Args {
 /// `--initial-cluster`: replica id → address.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InitialCluster(pub BTreeMap<u64, String>);
+
+fn parse_job(s: &str) -> Result<(String, u32), String> {
+    let (name, count) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not of the form name=count"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("{s:?}: the job name is empty"));
+    }
+    let count: u32 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: task count {count:?} is not a number"))?;
+    if count == 0 {
+        return Err(format!("{s:?}: a job needs at least one task"));
+    }
+    Ok((name.to_string(), count))
+}
+
+/// The cluster configuration file's shape (every field optional).
+#[derive(serde::Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct ClusterFile {
+    jobs: BTreeMap<String, u32>,
+    heartbeat_timeout_ms: Option<u64>,
+    register_timeout_ms: Option<u64>,
+    shutdown_barrier_timeout_ms: Option<u64>,
+    recoverable_jobs: Vec<String>,
+}
 
 fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
     let mut members = BTreeMap::new();
@@ -132,13 +191,61 @@ impl Args {
         if self.max_inflight_proposals == 0 {
             return Err("--max-inflight-proposals must be at least 1".into());
         }
-        Ok(())
+        self.cluster().map(|_| ())
     }
 
     /// How long a leader trusts its last quorum acknowledgement: the longest election timeout,
     /// after which a new leader may exist.
     pub fn leader_lease(&self) -> Duration {
         Duration::from_millis(self.election_timeout_max_ms)
+    }
+
+    /// The coordinated job, from --cluster-config or from the flags.
+    pub fn cluster(&self) -> Result<ClusterConfig, String> {
+        let mut config = ClusterConfig {
+            jobs: self.jobs.iter().cloned().collect(),
+            heartbeat_timeout_ms: self.heartbeat_timeout_ms,
+            register_timeout_ms: self.register_timeout_ms,
+            shutdown_barrier_timeout_ms: self.shutdown_barrier_timeout_ms,
+            recoverable_jobs: self.recoverable_jobs.iter().cloned().collect(),
+        };
+        if self.jobs.len() != config.jobs.len() {
+            return Err("a job is given twice with --job".into());
+        }
+        if let Some(path) = &self.cluster_config {
+            if !self.jobs.is_empty() || !self.recoverable_jobs.is_empty() {
+                return Err("give the jobs either with --job/--recoverable-job or in --cluster-config, not both".into());
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--cluster-config {}: {e}", path.display()))?;
+            let file: ClusterFile = serde_json::from_str(&text)
+                .map_err(|e| format!("--cluster-config {}: {e}", path.display()))?;
+            config.jobs = file.jobs;
+            config.recoverable_jobs = file.recoverable_jobs.into_iter().collect();
+            config.heartbeat_timeout_ms = file
+                .heartbeat_timeout_ms
+                .unwrap_or(config.heartbeat_timeout_ms);
+            config.register_timeout_ms = file
+                .register_timeout_ms
+                .unwrap_or(config.register_timeout_ms);
+            config.shutdown_barrier_timeout_ms = file
+                .shutdown_barrier_timeout_ms
+                .unwrap_or(config.shutdown_barrier_timeout_ms);
+        }
+        if let Some((job, _)) = config.jobs.iter().find(|(j, n)| j.is_empty() || **n == 0) {
+            return Err(format!("job {job:?} needs a name and at least one task"));
+        }
+        if let Some(r) = config
+            .recoverable_jobs
+            .iter()
+            .find(|r| !config.jobs.contains_key(*r))
+        {
+            return Err(format!("recoverable job {r:?} is not one of the jobs"));
+        }
+        if config.heartbeat_timeout_ms == 0 {
+            return Err("--heartbeat-timeout-ms must be positive".into());
+        }
+        Ok(config)
     }
 
     pub fn leader_wait(&self) -> Duration {
@@ -203,6 +310,14 @@ mod tests {
             "1=:5",
         ] {
             assert!(parse_initial_cluster(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn parses_jobs() {
+        assert_eq!(parse_job("worker=4"), Ok(("worker".to_string(), 4)));
+        for bad in ["worker", "=3", "w=0", "w=x", "w=-1"] {
+            assert!(parse_job(bad).is_err(), "{bad:?} accepted");
         }
     }
 

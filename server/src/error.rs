@@ -16,7 +16,7 @@ pub enum CoordError {
     #[error("key {key:?} not found")]
     NotFound { key: String },
     #[error(transparent)]
-    Op(#[from] OpError),
+    Op(OpError),
     /// This replica is not the leader (any more).
     #[error("replica {me} is not the leader")]
     NotLeader {
@@ -33,6 +33,16 @@ pub enum CoordError {
     Internal(String),
 }
 
+impl From<OpError> for CoordError {
+    fn from(e: OpError) -> Self {
+        match e {
+            // The first leader sets the cluster up right after its election; a retry finds it.
+            OpError::NoCluster => CoordError::Unavailable(e.to_string()),
+            e => CoordError::Op(e),
+        }
+    }
+}
+
 impl CoordError {
     /// Whether routing should re-drive the request on the (new) leader.
     pub fn is_retryable(&self) -> bool {
@@ -45,21 +55,37 @@ impl CoordError {
 
 impl From<CoordError> for Status {
     fn from(e: CoordError) -> Status {
-        let message = e.to_string();
-        match e {
-            CoordError::InvalidArgument(_) => Status::invalid_argument(message),
-            CoordError::NotFound { .. } => Status::not_found(message),
-            CoordError::Op(op) => Status::new(op_code(&op), message),
-            CoordError::NotLeader { leader, .. } => {
-                let mut s = Status::unavailable(message);
-                if let Some((id, addr)) = leader {
-                    add_leader_hint(&mut s, id, &addr);
-                }
-                s
-            }
-            CoordError::LeaderChanged | CoordError::Unavailable(_) => Status::unavailable(message),
-            CoordError::Internal(_) => Status::internal(message),
+        let retryable = e.is_retryable();
+        let mut s = status_of(e);
+        if !retryable && matches!(s.code(), Code::Unavailable | Code::Unknown) {
+            s.metadata_mut()
+                .insert(coord_proto::metadata::FINAL, "1".parse().expect("ascii"));
         }
+        s
+    }
+}
+
+/// Whether a status is a final answer of the service rather than "try again" (see
+/// [`coord_proto::metadata::FINAL`]).
+pub fn is_final(s: &Status) -> bool {
+    s.metadata().contains_key(coord_proto::metadata::FINAL)
+}
+
+fn status_of(e: CoordError) -> Status {
+    let message = e.to_string();
+    match e {
+        CoordError::InvalidArgument(_) => Status::invalid_argument(message),
+        CoordError::NotFound { .. } => Status::not_found(message),
+        CoordError::Op(op) => Status::new(op_code(&op), message),
+        CoordError::NotLeader { leader, .. } => {
+            let mut s = Status::unavailable(message);
+            if let Some((id, addr)) = leader {
+                add_leader_hint(&mut s, id, &addr);
+            }
+            s
+        }
+        CoordError::LeaderChanged | CoordError::Unavailable(_) => Status::unavailable(message),
+        CoordError::Internal(_) => Status::internal(message),
     }
 }
 
@@ -70,7 +96,14 @@ fn op_code(e: &OpError) -> Code {
         OpError::NotAnInteger { .. } => Code::FailedPrecondition,
         OpError::Overflow { .. } => Code::OutOfRange,
         OpError::StaleDuplicate { .. } => Code::FailedPrecondition,
+        OpError::Status { code, .. } => grpc_code(*code),
+        OpError::NoCluster => Code::Unavailable,
     }
+}
+
+/// The state machine's code as tonic's (same numbers).
+pub fn grpc_code(c: coord_raft_store::state::Code) -> Code {
+    Code::from_i32(c as i32)
 }
 
 /// Attaches the leader's id and address so a client can go there directly.

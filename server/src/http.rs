@@ -237,7 +237,7 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         &mut out,
         "coord_parked_calls",
         "Blocking calls parked on this replica.",
-        r.hub.parked.len() as f64,
+        r.hub.parked() as f64,
     );
     let keys = r.kv.reader.read(|a| a.state.kv.len());
     gauge(

@@ -10,8 +10,9 @@ use coord_raft_store::key::normalize_key;
 use coord_raft_store::storage::StateReader;
 use coord_raft_store::{Command, Op, Output, RequestId};
 
+use crate::apply_hub::KvWaiters;
 use crate::error::CoordError;
-use crate::parked::{ParkedGets, Wake};
+use crate::parked::Wake;
 use crate::proposer::Proposer;
 use crate::read_index::ReadIndex;
 
@@ -26,7 +27,7 @@ pub struct KvCore {
     pub proposer: Proposer,
     pub read_index: ReadIndex,
     pub reader: StateReader,
-    pub parked: Arc<ParkedGets>,
+    pub parked: Arc<KvWaiters>,
     pub limits: Limits,
 }
 
@@ -151,7 +152,7 @@ impl KvCore {
                 Err(None) => return Err(CoordError::LeaderChanged),
             };
             match parked.wait().await {
-                Wake::Value(v) => return Ok((key, v)),
+                Wake::Changed(v) => return Ok((key, v)),
                 Wake::Recheck => continue,
                 Wake::LeaderLost => return Err(CoordError::LeaderChanged),
             }

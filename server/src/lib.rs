@@ -1,10 +1,15 @@
 //! coord-server: one replica of a coord ensemble (binary `coordinator`).
 //!
-//! Request path: a gRPC call reaches a wire adapter ([`tf_service`]), which hands it to the
-//! [`route::Router`]; the router runs it on the leader, locally or forwarded, and re-drives it when
-//! leadership moves. On the leader the semantics ([`kv::KvCore`]) write through the batching
-//! [`proposer`] and read after the batched [`read_index`]. The state machine reports applied changes
-//! to the [`apply_hub`], which wakes [`parked`] calls.
+//! Request path: a gRPC call reaches a wire adapter ([`tf_service`], [`coord_service`]), which
+//! hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
+//! re-drives it when leadership moves. On the leader the semantics ([`kv::KvCore`],
+//! [`coordination::CoordCore`]) write through the batching [`proposer`] and read after the batched
+//! [`read_index`]. The state machine reports applied changes to the [`apply_hub`], which wakes
+//! [`parked`] calls and feeds the [`barrier_timer`].
+//!
+//! Leader-only duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`]
+//! (silent tasks go to ERROR), [`barrier_timer`] (deadlines). [`wire`] converts TensorFlow's
+//! types.
 //!
 //! - [`config`], [`identity`]: flags, and the check that a data directory is this replica's.
 //! - [`replica`]: wiring, start and stop order.
@@ -17,9 +22,14 @@
 //! - [`tasks`]: ownership of background loops.
 
 pub mod apply_hub;
+pub mod barrier_timer;
+pub mod cluster_init;
 pub mod config;
+pub mod coord_service;
+pub mod coordination;
 pub mod election;
 pub mod error;
+pub mod heartbeats;
 pub mod http;
 pub mod identity;
 pub mod kv;
@@ -37,6 +47,7 @@ pub mod route;
 pub mod status;
 pub mod tasks;
 pub mod tf_service;
+pub mod wire;
 
 pub use config::Args;
 pub use replica::{Replica, StartError};

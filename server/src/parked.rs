@@ -1,41 +1,43 @@
-//! Parked `GetKeyValue` calls: leader-local, woken by apply.
+//! Parked calls: leader-local waits that apply wakes.
 //!
-//! A blocking get for a missing key registers here and sleeps. When apply stores the key, the
-//! [`ApplyHub`](crate::apply_hub::ApplyHub) hands the value to every waiter of that key. When this
-//! replica stops leading, every waiter is failed with `LeaderChanged` so that routing re-drives the
-//! call on the new leader (DESIGN: parked RPCs live in leader memory).
+//! A call that must wait for the state to change (a blocking get for a missing key, a barrier
+//! arrival, an error poll) registers here under a key and sleeps. When apply makes the change, the
+//! [`ApplyHub`](crate::apply_hub::ApplyHub) wakes the waiters of that key. When this replica stops
+//! leading, every waiter is told `LeaderLost`, so routing re-drives the call on the new leader
+//! (DESIGN: parked RPCs live in leader memory).
 //!
-//! Registration and the check that the key is missing happen under the state's read lock, and
-//! apply wakes waiters only after it released its write lock, so no insert can slip between the
+//! The check that a caller must wait and its registration happen under the state's read lock, and
+//! apply wakes waiters only after releasing its write lock, so no change can slip between the
 //! check and the registration.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use bytes::Bytes;
 use tokio::sync::oneshot;
 
 #[derive(Debug)]
-pub enum Wake {
-    /// The key was stored with this value.
-    Value(Bytes),
+pub enum Wake<V> {
+    /// The awaited change happened; it carries what the waiter needs, if anything.
+    Changed(V),
     /// The state was replaced wholesale (snapshot install): look again.
     Recheck,
     /// This replica stopped leading.
     LeaderLost,
 }
 
-#[derive(Default)]
-pub struct ParkedGets {
-    inner: Mutex<Inner>,
-    /// Mirror of `Inner::count`, so apply skips the lock when nothing is parked (the usual case).
+pub struct WaitRegistry<K, V> {
+    inner: Mutex<Inner<K, V>>,
+    /// Mirror of the number of waiters, so apply skips the lock when nobody waits (the usual
+    /// case for keys).
     parked: AtomicUsize,
 }
 
-#[derive(Default)]
-struct Inner {
-    by_key: HashMap<String, Vec<(u64, oneshot::Sender<Wake>)>>,
+type Waiters<V> = Vec<(u64, oneshot::Sender<Wake<V>>)>;
+
+struct Inner<K, V> {
+    by_key: HashMap<K, Waiters<V>>,
     next_id: u64,
     /// Bumped every time leadership is lost; a call that confirmed leadership in an older epoch
     /// may not park.
@@ -43,16 +45,30 @@ struct Inner {
     count: usize,
 }
 
-/// A registered waiter; dropping it (the call finished or was cancelled) unregisters it.
-pub struct Parked {
-    registry: Arc<ParkedGets>,
-    key: String,
-    id: u64,
-    rx: oneshot::Receiver<Wake>,
+impl<K, V> Default for WaitRegistry<K, V> {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                by_key: HashMap::new(),
+                next_id: 0,
+                epoch: 0,
+                count: 0,
+            }),
+            parked: AtomicUsize::new(0),
+        }
+    }
 }
 
-impl ParkedGets {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+/// A registered waiter; dropping it (the call finished or was cancelled) unregisters it.
+pub struct Parked<K: Hash + Eq + Clone, V> {
+    registry: Arc<WaitRegistry<K, V>>,
+    key: K,
+    id: u64,
+    rx: oneshot::Receiver<Wake<V>>,
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
+    fn lock(&self) -> MutexGuard<'_, Inner<K, V>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -69,7 +85,7 @@ impl ParkedGets {
     }
 
     /// Registers a waiter for `key`, unless leadership was lost since `epoch`.
-    pub fn park(self: &Arc<Self>, key: &str, epoch: u64) -> Option<Parked> {
+    pub fn park(self: &Arc<Self>, key: &K, epoch: u64) -> Option<Parked<K, V>> {
         let mut g = self.lock();
         if g.epoch != epoch {
             return None;
@@ -79,19 +95,17 @@ impl ParkedGets {
         g.count += 1;
         self.parked.store(g.count, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        g.by_key.entry(key.to_string()).or_default().push((id, tx));
+        g.by_key.entry(key.clone()).or_default().push((id, tx));
         Some(Parked {
             registry: self.clone(),
-            key: key.to_string(),
+            key: key.clone(),
             id,
             rx,
         })
     }
 
-    /// Hands `value` to every waiter of `key`.
-    pub fn wake(&self, key: &str, value: &Bytes) {
-        // Registration happens under the state lock before apply's write lock, so a waiter that
-        // must see this value is already counted here.
+    /// Wakes every waiter of `key` with `value`.
+    pub fn wake(&self, key: &K, value: &V) {
         if self.is_empty() {
             return;
         }
@@ -103,12 +117,12 @@ impl ParkedGets {
             w
         };
         for (_, tx) in waiters {
-            let _ = tx.send(Wake::Value(value.clone()));
+            let _ = tx.send(Wake::Changed(value.clone()));
         }
     }
 
     /// Sends `wake()` to every waiter; with `LeaderLost` the epoch moves on as well.
-    pub fn wake_all(&self, wake: fn() -> Wake) {
+    pub fn wake_all(&self, wake: fn() -> Wake<V>) {
         let waiters = {
             let mut g = self.lock();
             if matches!(wake(), Wake::LeaderLost) {
@@ -124,15 +138,19 @@ impl ParkedGets {
     }
 }
 
-impl Parked {
-    pub async fn wait(&mut self) -> Wake {
+impl<K: Hash + Eq + Clone, V> Parked<K, V> {
+    pub async fn wait(&mut self) -> Wake<V> {
         (&mut self.rx).await.unwrap_or(Wake::Recheck)
     }
 }
 
-impl Drop for Parked {
+impl<K: Hash + Eq + Clone, V> Drop for Parked<K, V> {
     fn drop(&mut self) {
-        let mut g = self.registry.lock();
+        let mut g = self
+            .registry
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(list) = g.by_key.get_mut(&self.key) {
             let before = list.len();
             list.retain(|(id, _)| *id != self.id);
@@ -149,35 +167,41 @@ impl Drop for Parked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+
+    type Gets = WaitRegistry<String, Bytes>;
 
     #[tokio::test]
     async fn wakes_waiters_of_the_key_only() {
-        let p = Arc::new(ParkedGets::default());
-        let mut a = p.park("a", 0).expect("park");
-        let _b = p.park("b", 0).expect("park");
+        let p = Arc::new(Gets::default());
+        let mut a = p.park(&"a".to_string(), 0).expect("park");
+        let _b = p.park(&"b".to_string(), 0).expect("park");
         assert_eq!(p.len(), 2);
-        p.wake("a", &Bytes::from("v"));
-        assert!(matches!(a.wait().await, Wake::Value(v) if v == "v"));
+        p.wake(&"a".to_string(), &Bytes::from("v"));
+        assert!(matches!(a.wait().await, Wake::Changed(v) if v == "v"));
         drop(a);
         assert_eq!(p.len(), 1);
     }
 
     #[tokio::test]
     async fn leader_loss_fails_waiters_and_refuses_old_epochs() {
-        let p = Arc::new(ParkedGets::default());
+        let p = Arc::new(Gets::default());
         let epoch = p.epoch();
-        let mut a = p.park("a", epoch).expect("park");
+        let mut a = p.park(&"a".to_string(), epoch).expect("park");
         p.wake_all(|| Wake::LeaderLost);
         assert!(matches!(a.wait().await, Wake::LeaderLost));
-        assert!(p.park("a", epoch).is_none(), "a stale epoch must not park");
+        assert!(
+            p.park(&"a".to_string(), epoch).is_none(),
+            "a stale epoch must not park"
+        );
         assert_eq!(p.len(), 0);
     }
 
     #[test]
     fn cancelled_waiters_unregister() {
-        let p = Arc::new(ParkedGets::default());
-        let a = p.park("k", 0).expect("park");
-        let b = p.park("k", 0).expect("park");
+        let p = Arc::new(Gets::default());
+        let a = p.park(&"k".to_string(), 0).expect("park");
+        let b = p.park(&"k".to_string(), 0).expect("park");
         drop(a);
         assert_eq!(p.len(), 1);
         drop(b);

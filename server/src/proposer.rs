@@ -125,6 +125,11 @@ fn command_bytes(c: &Command) -> usize {
     64 + match &c.op {
         Op::KvPut { key, value, .. } => key.len() + value.len(),
         Op::KvDelete { key } | Op::KvIncrement { key, .. } => key.len(),
+        Op::WaitForAllTasks { devices, .. } => match devices {
+            coord_raft_store::state::DeviceInfo::Tf(list) => list.iter().map(|d| d.len()).sum(),
+            coord_raft_store::state::DeviceInfo::Xla(b) => b.len(),
+        },
+        _ => 0,
     }
 }
 

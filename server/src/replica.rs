@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use coord_proto::coord::admin::admin_server::AdminServer;
+use coord_proto::coord::coordination::coordination_server::CoordinationServer;
 use coord_proto::coord::raft::raft_transport_server::RaftTransportServer;
 use coord_proto::tensorflow::coordination_service_server::CoordinationServiceServer;
 use coord_raft_store::stats::SyncStats;
@@ -22,11 +23,11 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::apply_hub::ApplyHub;
 use crate::config::Args;
+use crate::coord_service::CoordService;
 use crate::identity::{self, IdentityError};
 use crate::kv::{KvCore, Limits};
 use crate::leader::LeaderWatch;
 use crate::metrics::Metrics;
-use crate::parked::Wake;
 use crate::peers::PEER_MESSAGE_LIMIT;
 use crate::proposer::Proposer;
 use crate::raft_network::Network;
@@ -72,6 +73,7 @@ pub struct Replica {
     pub raft: Raft,
     pub router: Arc<Router>,
     pub kv: Arc<KvCore>,
+    pub coord: Arc<crate::coordination::CoordCore>,
     pub hub: Arc<ApplyHub>,
     pub metrics: Arc<Metrics>,
     pub sync_stats: Arc<SyncStats>,
@@ -81,6 +83,8 @@ pub struct Replica {
     pristine: bool,
     /// Owns the background loops; they stop when the replica is dropped.
     _tasks: TaskGuard,
+    /// The runtime the Raft core runs on (see `open`); shut down after Raft stops.
+    raft_runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 fn raft_config(args: &Args) -> Result<Config, StartError> {
@@ -130,15 +134,22 @@ impl Replica {
         let reader = sm.reader();
         let sync_stats = log.sync_stats();
 
-        let raft = Raft::new(
-            args.id,
-            Arc::new(raft_config(&args)?),
-            Network::new(cluster_id),
-            log,
-            sm,
-        )
-        .await
-        .map_err(|e| StartError::Raft(e.to_string()))?;
+        // The Raft core, its replication streams and its peer connections run on a runtime of
+        // their own: under heavy client load the main runtime's queue can hold thousands of
+        // requests, and heartbeats waiting behind them would make followers start elections.
+        let raft_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("coord-raft")
+            .enable_all()
+            .build()
+            .map_err(|e| StartError::Raft(format!("cannot start the Raft runtime: {e}")))?;
+        let config = Arc::new(raft_config(&args)?);
+        let id = args.id;
+        let raft = raft_runtime
+            .spawn(async move { Raft::new(id, config, Network::new(cluster_id), log, sm).await })
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?
+            .map_err(|e| StartError::Raft(e.to_string()))?;
 
         let mut tasks = TaskGuard::default();
         let metrics = Arc::new(Metrics::default());
@@ -152,20 +163,49 @@ impl Replica {
         let leader = LeaderWatch::start(&raft, args.id, args.leader_lease(), &mut tasks);
         let router = Arc::new(Router::new(
             args.id,
-            leader,
+            leader.clone(),
             args.leader_wait(),
             metrics.clone(),
         ));
         let kv = Arc::new(KvCore {
-            proposer,
-            read_index,
-            reader,
-            parked: hub.parked.clone(),
+            proposer: proposer.clone(),
+            read_index: read_index.clone(),
+            reader: reader.clone(),
+            parked: hub.kv.clone(),
             limits: Limits {
                 max_key_bytes: args.max_key_bytes,
                 max_value_bytes: args.max_value_bytes,
             },
         });
+        let heartbeats = Arc::new(crate::heartbeats::Heartbeats::default());
+        let coord = Arc::new(crate::coordination::CoordCore {
+            proposer: proposer.clone(),
+            read_index,
+            reader: reader.clone(),
+            hub: hub.clone(),
+            heartbeats: heartbeats.clone(),
+            devices: std::sync::Mutex::new(None),
+        });
+        let cluster_config = args.cluster().map_err(StartError::Config)?;
+        tasks.spawn(
+            "cluster-init",
+            crate::cluster_init::run(
+                cluster_config,
+                leader.clone(),
+                reader.clone(),
+                proposer.clone(),
+            ),
+        );
+        tasks.spawn(
+            "heartbeat-check",
+            crate::heartbeats::check(heartbeats, leader.clone(), reader.clone(), proposer.clone()),
+        );
+        if let Some(deadlines) = hub.take_deadlines() {
+            tasks.spawn(
+                "barrier-timer",
+                crate::barrier_timer::run(deadlines, leader.clone(), reader, proposer),
+            );
+        }
         tasks.spawn(
             "leader-watch",
             watch_leadership(raft.clone(), hub.clone(), metrics.clone()),
@@ -186,6 +226,7 @@ impl Replica {
             raft,
             router,
             kv,
+            coord,
             hub,
             metrics,
             sync_stats,
@@ -193,6 +234,7 @@ impl Replica {
             contact,
             pristine,
             _tasks: tasks,
+            raft_runtime: std::sync::Mutex::new(Some(raft_runtime)),
         })
     }
 
@@ -213,11 +255,14 @@ impl Replica {
         };
 
         let request_limit = this.args.max_value_bytes + this.args.max_key_bytes + (64 << 10);
-        let tf =
-            CoordinationServiceServer::new(TfService::new(this.router.clone(), this.kv.clone()))
-                .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
-                .max_encoding_message_size(PEER_MESSAGE_LIMIT)
-                .accept_compressed(CompressionEncoding::Gzip);
+        let tf = CoordinationServiceServer::new(TfService::new(
+            this.router.clone(),
+            this.kv.clone(),
+            this.coord.clone(),
+        ))
+        .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+        .accept_compressed(CompressionEncoding::Gzip);
         let raft_svc = RaftTransportServer::new(RaftService::new(
             this.raft.clone(),
             this.cluster_id,
@@ -225,7 +270,13 @@ impl Replica {
         ))
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
-        let admin = AdminServer::new(AdminService::new(this.raft.clone()));
+        let admin = AdminServer::new(AdminService::new(
+            this.raft.clone(),
+            this.router.clone(),
+            this.coord.clone(),
+        ));
+        let coordination =
+            CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));
         let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let grpc_server = tonic::transport::Server::builder()
             .initial_stream_window_size(Some(8 << 20))
@@ -234,6 +285,7 @@ impl Replica {
             .add_service(raft_svc)
             .add_service(tf)
             .add_service(admin)
+            .add_service(coordination)
             .serve_with_incoming_shutdown(incoming, stopped());
         let grpc_task = tokio::spawn(grpc_server);
         let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));
@@ -272,6 +324,15 @@ impl Replica {
         }
         if let Err(e) = this.raft.shutdown().await {
             tracing::warn!(error = %e, "Raft did not stop cleanly");
+        }
+        let raft_runtime = this
+            .raft_runtime
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(rt) = raft_runtime {
+            // Dropping a runtime inside another one is not allowed; let it wind down on its own.
+            rt.shutdown_background();
         }
         Ok(())
     }
@@ -320,10 +381,10 @@ async fn watch_leadership(raft: Raft, hub: Arc<ApplyHub>, metrics: Arc<Metrics>)
         let is_leader = state == ServerState::Leader;
         if was_leader && !is_leader {
             tracing::info!(
-                parked = hub.parked.len(),
+                parked = hub.parked(),
                 "lost leadership; failing parked calls so they re-drive"
             );
-            hub.parked.wake_all(|| Wake::LeaderLost);
+            hub.leadership_lost();
         }
         was_leader = is_leader;
         if rx.changed().await.is_err() {

@@ -97,14 +97,21 @@ impl ReplicaStatus {
     }
 }
 
-/// `coord.admin.Admin`: answered by any replica from its own view (not routed to the leader).
+/// `coord.admin.Admin`: `Status` is answered by any replica from its own view; `ShutdownService`
+/// is routed to the leader like any write.
 pub struct AdminService {
     raft: Raft,
+    router: std::sync::Arc<crate::route::Router>,
+    core: std::sync::Arc<crate::coordination::CoordCore>,
 }
 
 impl AdminService {
-    pub fn new(raft: Raft) -> Self {
-        Self { raft }
+    pub fn new(
+        raft: Raft,
+        router: std::sync::Arc<crate::route::Router>,
+        core: std::sync::Arc<crate::coordination::CoordCore>,
+    ) -> Self {
+        Self { raft, router, core }
     }
 }
 
@@ -117,5 +124,28 @@ impl pb::admin_server::Admin for AdminService {
         Ok(tonic::Response::new(
             ReplicaStatus::of(&self.raft).to_proto(),
         ))
+    }
+
+    async fn shutdown_service(
+        &self,
+        req: tonic::Request<pb::ShutdownServiceRequest>,
+    ) -> Result<tonic::Response<pb::ShutdownServiceReply>, tonic::Status> {
+        let core = &*self.core;
+        self.router
+            .route(
+                "ShutdownService",
+                crate::route::Kind::Write,
+                req,
+                |m, id| async move {
+                    core.shutdown_service(id, m.reason).await?;
+                    Ok(pb::ShutdownServiceReply {})
+                },
+                |ch, r| async move {
+                    pb::admin_client::AdminClient::new(ch)
+                        .shutdown_service(r)
+                        .await
+                },
+            )
+            .await
     }
 }

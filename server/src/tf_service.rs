@@ -1,7 +1,10 @@
 //! The `tensorflow.CoordinationService` wire adapter: decodes TensorFlow's messages, routes each
-//! call to the leader and maps the answer back. The semantics live in [`KvCore`].
+//! call to the leader and maps the answer back. The semantics live in [`KvCore`] and
+//! [`CoordCore`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use coord_raft_store::state::DeviceInfo;
 
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
@@ -9,19 +12,58 @@ use coord_proto::tensorflow::coordination_service_server::CoordinationService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::coordination::CoordCore;
 use crate::error::CoordError;
 use crate::kv::KvCore;
 use crate::peers::PEER_MESSAGE_LIMIT;
 use crate::route::{Kind, Router};
+use crate::wire::{cluster_devices, devices_from, task_from, tasks_from};
 
 pub struct TfService {
     router: Arc<Router>,
     kv: Arc<KvCore>,
+    coord: Arc<CoordCore>,
+    /// The last cluster device info built for WaitForAllTasks, per device list and kind: a whole
+    /// job released at once gets one copy built, not one per task.
+    devices: Mutex<Option<DevicesReply>>,
+}
+
+struct DevicesReply {
+    from: Arc<Vec<DeviceInfo>>,
+    xla: bool,
+    reply: tf::CoordinationServiceDeviceInfo,
 }
 
 impl TfService {
-    pub fn new(router: Arc<Router>, kv: Arc<KvCore>) -> Self {
-        Self { router, kv }
+    pub fn new(router: Arc<Router>, kv: Arc<KvCore>, coord: Arc<CoordCore>) -> Self {
+        Self {
+            router,
+            kv,
+            coord,
+            devices: Mutex::new(None),
+        }
+    }
+
+    fn cluster_devices(
+        &self,
+        mine: &DeviceInfo,
+        all: &Arc<Vec<DeviceInfo>>,
+    ) -> tf::CoordinationServiceDeviceInfo {
+        let xla = matches!(mine, DeviceInfo::Xla(_));
+        let mut cache = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = cache
+            .as_ref()
+            .filter(|c| Arc::ptr_eq(&c.from, all) && c.xla == xla)
+        {
+            return c.reply.clone();
+        }
+        let reply = cluster_devices(mine, all);
+        *cache = Some(DevicesReply {
+            from: all.clone(),
+            xla,
+            reply: reply.clone(),
+        });
+        reply
     }
 }
 
@@ -35,63 +77,146 @@ fn entry(key: String, value: bytes::Bytes) -> tf::KeyValueEntry {
     tf::KeyValueEntry { key, value }
 }
 
-/// The task-related RPCs come with the coordination service proper (tasks, heartbeats, errors,
-/// barriers); until then they say so instead of pretending.
-fn not_yet(method: &str) -> Status {
-    Status::unimplemented(format!(
-        "{method} is not served by this version of coord: only the key-value RPCs are"
-    ))
-}
-
 #[tonic::async_trait]
 impl CoordinationService for TfService {
     async fn register_task(
         &self,
-        _: Request<tf::RegisterTaskRequest>,
+        req: Request<tf::RegisterTaskRequest>,
     ) -> Result<Response<tf::RegisterTaskResponse>, Status> {
-        Err(not_yet("RegisterTask"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "RegisterTask",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let task = task_from(m.source_task.as_ref(), "source_task")?;
+                    let leader_incarnation = core.register(id, task, m.incarnation).await?;
+                    Ok(tf::RegisterTaskResponse { leader_incarnation })
+                },
+                |ch, r| async move { client(ch).register_task(r).await },
+            )
+            .await
     }
 
     async fn heartbeat(
         &self,
-        _: Request<tf::HeartbeatRequest>,
+        req: Request<tf::HeartbeatRequest>,
     ) -> Result<Response<tf::HeartbeatResponse>, Status> {
-        Err(not_yet("Heartbeat"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "Heartbeat",
+                Kind::Read,
+                req,
+                |m, _| async move {
+                    let task = task_from(m.source_task.as_ref(), "source_task")?;
+                    let leader_incarnation = core.heartbeat(&task, m.incarnation)?;
+                    Ok(tf::HeartbeatResponse { leader_incarnation })
+                },
+                |ch, r| async move { client(ch).heartbeat(r).await },
+            )
+            .await
     }
 
     async fn wait_for_all_tasks(
         &self,
-        _: Request<tf::WaitForAllTasksRequest>,
+        req: Request<tf::WaitForAllTasksRequest>,
     ) -> Result<Response<tf::WaitForAllTasksResponse>, Status> {
-        Err(not_yet("WaitForAllTasks"))
+        let core = &*self.coord;
+        let this = self;
+        self.router
+            .route(
+                "WaitForAllTasks",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let task = task_from(m.source_task.as_ref(), "source_task")?;
+                    let mine = devices_from(m.local_device_info.as_ref());
+                    let (leader_incarnation, all) =
+                        core.wait_for_all(id, task, mine.clone()).await?;
+                    Ok(tf::WaitForAllTasksResponse {
+                        leader_incarnation,
+                        cluster_device_info: Some(this.cluster_devices(&mine, &all)),
+                    })
+                },
+                |ch, r| async move { client(ch).wait_for_all_tasks(r).await },
+            )
+            .await
     }
 
     async fn shutdown_task(
         &self,
-        _: Request<tf::ShutdownTaskRequest>,
+        req: Request<tf::ShutdownTaskRequest>,
     ) -> Result<Response<tf::ShutdownTaskResponse>, Status> {
-        Err(not_yet("ShutdownTask"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "ShutdownTask",
+                Kind::Write,
+                req,
+                // A task at the shutdown barrier is disconnected whatever the barrier's outcome
+                // (the tasks that did not reach it are the ones put in error).
+                |m, id| async move {
+                    let task = task_from(m.source_task.as_ref(), "source_task")?;
+                    core.shutdown(id, task).await?;
+                    Ok(tf::ShutdownTaskResponse {})
+                },
+                |ch, r| async move { client(ch).shutdown_task(r).await },
+            )
+            .await
     }
 
     async fn reset_task(
         &self,
-        _: Request<tf::ResetTaskRequest>,
+        req: Request<tf::ResetTaskRequest>,
     ) -> Result<Response<tf::ResetTaskResponse>, Status> {
-        Err(not_yet("ResetTask"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "ResetTask",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let task = task_from(m.source_task.as_ref(), "source_task")?;
+                    core.reset(id, task).await?;
+                    Ok(tf::ResetTaskResponse {})
+                },
+                |ch, r| async move { client(ch).reset_task(r).await },
+            )
+            .await
     }
 
+    /// Served by agents, not by the coordinator: the service does not call agents; they learn of
+    /// errors by polling `coord.coordination.Coordination/PollForError`.
     async fn report_error_to_task(
         &self,
         _: Request<tf::ReportErrorToTaskRequest>,
     ) -> Result<Response<tf::ReportErrorToTaskResponse>, Status> {
-        Err(not_yet("ReportErrorToTask"))
+        Err(Status::unimplemented(
+            "ReportErrorToTask is an agent's RPC; coord delivers errors through coord.coordination.Coordination/PollForError",
+        ))
     }
 
     async fn report_error_to_service(
         &self,
-        _: Request<tf::ReportErrorToServiceRequest>,
+        req: Request<tf::ReportErrorToServiceRequest>,
     ) -> Result<Response<tf::ReportErrorToServiceResponse>, Status> {
-        Err(not_yet("ReportErrorToService"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "ReportErrorToService",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let task = task_from(m.error_origin.as_ref(), "error_origin")?;
+                    core.report_error(id, task, m.error_code, m.error_message)
+                        .await?;
+                    Ok(tf::ReportErrorToServiceResponse {})
+                },
+                |ch, r| async move { client(ch).report_error_to_service(r).await },
+            )
+            .await
     }
 
     async fn insert_key_value(
@@ -203,15 +328,52 @@ impl CoordinationService for TfService {
 
     async fn barrier(
         &self,
-        _: Request<tf::BarrierRequest>,
+        req: Request<tf::BarrierRequest>,
     ) -> Result<Response<tf::BarrierResponse>, Status> {
-        Err(not_yet("Barrier"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "Barrier",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let source = task_from(m.source_task.as_ref(), "source_task")?;
+                    let tasks = tasks_from(&m.tasks, "tasks")?;
+                    let counter = core
+                        .barrier(
+                            id,
+                            m.barrier_id,
+                            m.counter,
+                            tasks,
+                            m.barrier_timeout_in_ms,
+                            source,
+                        )
+                        .await?;
+                    Ok(tf::BarrierResponse { counter })
+                },
+                |ch, r| async move { client(ch).barrier(r).await },
+            )
+            .await
     }
 
     async fn cancel_barrier(
         &self,
-        _: Request<tf::CancelBarrierRequest>,
+        req: Request<tf::CancelBarrierRequest>,
     ) -> Result<Response<tf::CancelBarrierResponse>, Status> {
-        Err(not_yet("CancelBarrier"))
+        let core = &*self.coord;
+        self.router
+            .route(
+                "CancelBarrier",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let source = task_from(m.source_task.as_ref(), "source_task")?;
+                    core.cancel_barrier(id, m.barrier_id, m.counter, source)
+                        .await?;
+                    Ok(tf::CancelBarrierResponse {})
+                },
+                |ch, r| async move { client(ch).cancel_barrier(r).await },
+            )
+            .await
     }
 }

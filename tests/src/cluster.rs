@@ -267,6 +267,11 @@ impl Cluster {
         None
     }
 
+    /// The process id of replica `id`, if it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.replica(id).child.as_ref().map(Child::id)
+    }
+
     /// Whether replica `id`'s process is alive; reaps it if it exited.
     pub fn is_running(&mut self, id: u64) -> bool {
         let r = self.replica_mut(id);

@@ -3,12 +3,15 @@
 //! - [`cluster`]: starts real `coordinator` processes on free loopback ports with data in a temp
 //!   dir, restarts and kills them, polls `/status`; kills what it started when dropped, and keeps
 //!   the logs and data of a failed test.
+//! - [`coord_suite`]: the coordination service's behaviour suite, run against 1- and 3-replica
+//!   ensembles.
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
 //! - [`bench`]: coord-bench's load generators, failover measurement, and its targets (coord and
 //!   etcd 3.4).
 
 pub mod bench;
 pub mod cluster;
+pub mod coord_suite;
 pub mod http;
 
 pub use cluster::{Cluster, ClusterOptions};

@@ -4,22 +4,38 @@
 //! It also reports the [`Change`]s it made so the server can wake parked calls and feed watches
 //! without polling the state.
 
+mod barriers;
+mod cluster;
+mod coordination;
+#[cfg(test)]
+mod coordination_tests;
 mod kv;
 mod sessions;
+mod tasks;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+pub use barriers::{BarrierRecord, Barriers, Outcome, Participants};
+pub use cluster::{list_tasks, ClusterConfig, Code, TaskName};
+pub use coordination::{
+    Cluster, INTERNAL_BARRIER_PREFIX, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
+};
 pub use kv::{KvEntry, KvStore};
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
+pub use tasks::{
+    DeviceInfo, ErrorEvent, ErrorFeed, TaskError, TaskRecord, TaskRegistry, TaskState,
+};
 
-use crate::command::{Command, CommandResult, Op, Proposal};
+use crate::command::{Command, CommandResult, Op, OpError, Output, Proposal};
 
 /// Everything the ensemble agrees on. A snapshot is exactly this value.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoordState {
     pub kv: KvStore,
     pub sessions: SessionTable,
+    /// The coordinated job; `None` until the first leader sets it up.
+    pub cluster: Option<Cluster>,
 }
 
 /// One effect of applying a command, reported to the server after the state changed.
@@ -34,6 +50,27 @@ pub enum Change {
         key: String,
         revision: u64,
     },
+    /// A task's state, incarnation or error changed.
+    TaskChanged {
+        task: TaskName,
+    },
+    /// A barrier instance started; the leader arms a timer for its deadline.
+    BarrierStarted {
+        id: String,
+        counter: i64,
+        deadline_ms: Option<u64>,
+    },
+    /// A barrier instance passed or failed; its waiters can be answered.
+    BarrierDone {
+        id: String,
+        counter: i64,
+    },
+    /// An error entered the feed.
+    ErrorRaised {
+        seq: u64,
+    },
+    /// The cluster was set up.
+    ClusterInitialized,
 }
 
 impl CoordState {
@@ -67,11 +104,79 @@ impl CoordState {
             } => self.kv.put(key, value, *overwrite, changes),
             Op::KvDelete { key } => self.kv.delete(key, changes),
             Op::KvIncrement { key, delta } => self.kv.increment(key, *delta, changes),
+            Op::InitCluster {
+                config,
+                service_incarnation,
+            } => {
+                let cluster = self.cluster.get_or_insert_with(|| {
+                    changes.push(Change::ClusterInitialized);
+                    Cluster::new(config.clone(), *service_incarnation)
+                });
+                Ok(Output::Registered {
+                    service_incarnation: cluster.service_incarnation,
+                })
+            }
+            op => match self.cluster.as_mut() {
+                None => Err(OpError::NoCluster),
+                Some(c) => apply_coordination(c, op, now_ms, changes),
+            },
         };
-        if let Some(req) = &cmd.request {
+        // "Not set up yet" is a refusal to try again later, not an outcome: remembering it would
+        // answer the retry with the same refusal forever.
+        if let Some(req) = cmd
+            .request
+            .as_ref()
+            .filter(|_| result != Err(OpError::NoCluster))
+        {
             self.sessions.record(req, &result);
         }
         result
+    }
+}
+
+/// The task and barrier commands; KV and cluster setup are handled by the caller.
+fn apply_coordination(
+    c: &mut Cluster,
+    op: &Op,
+    now_ms: u64,
+    changes: &mut Vec<Change>,
+) -> CommandResult {
+    match op {
+        Op::RegisterTask { task, incarnation } => c.register(task, *incarnation, changes),
+        Op::ReportError {
+            task,
+            code,
+            message,
+        } => c.report_error(task, *code, message, changes),
+        Op::HeartbeatTimeout {
+            task,
+            incarnation,
+            silent_ms,
+        } => c.heartbeat_timeout(task, *incarnation, *silent_ms, changes),
+        Op::ResetTask { task } => c.reset(task, changes),
+        Op::ShutdownTask { task } => c.shutdown_task(task, now_ms, changes),
+        Op::WaitForAllTasks { task, devices } => c.wait_for_all(task, devices, now_ms, changes),
+        Op::Barrier {
+            id,
+            counter,
+            tasks,
+            timeout_ms,
+            source,
+        } => c.barrier(id, *counter, tasks, *timeout_ms, source, now_ms, changes),
+        Op::CancelBarrier {
+            id,
+            counter,
+            source,
+        } => c.cancel_barrier(id, *counter, source, changes),
+        Op::ExpireBarrier { id, counter } => c.expire_barrier(id, *counter, now_ms, changes),
+        Op::ShutdownService { reason } => c.shutdown_service(reason, changes),
+        Op::KvPut { .. }
+        | Op::KvDelete { .. }
+        | Op::KvIncrement { .. }
+        | Op::InitCluster { .. } => Err(OpError::Status {
+            code: Code::Internal,
+            message: format!("{op} reached the coordination dispatcher"),
+        }),
     }
 }
 
@@ -111,6 +216,48 @@ mod tests {
             Some(Bytes::from("1"))
         );
         assert_eq!(ch.len(), 1, "the retry changed nothing");
+    }
+
+    #[test]
+    fn a_refusal_before_cluster_setup_is_not_remembered() {
+        let mut s = CoordState::default();
+        let mut ch = Vec::new();
+        let register = || {
+            cmd(
+                5,
+                1,
+                Op::RegisterTask {
+                    task: TaskName::new("w", 0),
+                    incarnation: 1,
+                },
+            )
+        };
+        let first = s.apply(&Proposal::new(1, vec![register()]), &mut ch);
+        assert_eq!(first, vec![Err(OpError::NoCluster)]);
+        s.apply(
+            &Proposal::new(
+                2,
+                vec![Command {
+                    request: None,
+                    op: Op::InitCluster {
+                        config: ClusterConfig {
+                            jobs: [("w".to_string(), 1)].into_iter().collect(),
+                            ..ClusterConfig::default()
+                        },
+                        service_incarnation: 3,
+                    },
+                }],
+            ),
+            &mut ch,
+        );
+        // The retry of the same request is applied now.
+        let retry = s.apply(&Proposal::new(3, vec![register()]), &mut ch);
+        assert_eq!(
+            retry,
+            vec![Ok(Output::Registered {
+                service_incarnation: 3
+            })]
+        );
     }
 
     #[test]

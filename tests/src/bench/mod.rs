@@ -1,11 +1,12 @@
 //! coord-bench's building blocks: what a benchmark target must do, closed-loop load, failover
-//! measurement, and the two targets (a coord ensemble and an etcd 3.4 cluster, both real processes
+//! measurement, many simulated tasks ([`tasks`]), and the two targets (a coord ensemble and an etcd 3.4 cluster, both real processes
 //! on loopback).
 
 pub mod coord_target;
 pub mod etcd;
 pub mod failover;
 pub mod load;
+pub mod tasks;
 
 use std::future::Future;
 

@@ -1,0 +1,42 @@
+//! The protobuf codec of every coord service: tonic's prost codec with small initial buffers.
+//!
+//! tonic starts each call's encode and decode buffers at 8 KiB. A coordinator holds thousands of
+//! calls at once (every task's barrier wait, error poll, heartbeat), and messages are mostly tens of
+//! bytes, so buffers start at 256 bytes and grow when a message needs more.
+
+use std::marker::PhantomData;
+
+use tonic::codec::{BufferSettings, Codec};
+use tonic_prost::ProstCodec;
+
+const INITIAL_BUFFER: usize = 256;
+/// Streaming encoders yield after this much data, as tonic's default.
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+#[derive(Debug, Clone, Copy)]
+pub struct SmallBufferCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for SmallBufferCodec<T, U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T, U> Codec for SmallBufferCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = <ProstCodec<T, U> as Codec>::Encoder;
+    type Decoder = <ProstCodec<T, U> as Codec>::Decoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<T, U>::raw_encoder(BufferSettings::new(INITIAL_BUFFER, YIELD_THRESHOLD))
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(INITIAL_BUFFER, YIELD_THRESHOLD))
+    }
+}

@@ -1,0 +1,244 @@
+//! A leader change in the middle of a barrier, a WaitForAllTasks, a shutdown barrier or an error
+//! poll changes no outcome: committed arrivals stay, callers re-drive their call on the new
+//! leader, and timers re-arm from the stored absolute deadlines.
+
+use std::time::{Duration, Instant};
+
+use coord_proto::tensorflow as tf;
+use coord_tests::coord_suite::{assert_code, w, Env, LEADER_TIMEOUT};
+use tonic::Code;
+
+async fn leader_of(env: &mut Env) -> u64 {
+    env.cluster.wait_for_leader(LEADER_TIMEOUT).await
+}
+
+async fn register(env: &Env, n: i32) -> u64 {
+    let mut incarnation = 0;
+    for i in 0..n {
+        incarnation = env
+            .client
+            .register_task(&w(i), 1000 + i as u64)
+            .await
+            .expect("register");
+    }
+    incarnation
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_survives_the_leader_kill() {
+    let mut env = Env::start(3, &["--job", "worker=3"]).await;
+    let before = register(&env, 3).await;
+    let waiting: Vec<_> = (0..2)
+        .map(|i| {
+            let c = env.another_client();
+            tokio::spawn(async move {
+                c.barrier("sync", 0, Duration::from_secs(60), &[], &w(i))
+                    .await
+            })
+        })
+        .collect();
+    env.wait_parked(2).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    let new = leader_of(&mut env).await;
+    assert_ne!(new, old);
+    // The last arrival goes to the new leader; the two committed arrivals are still there.
+    assert_eq!(
+        env.client
+            .barrier("sync", 0, Duration::from_secs(60), &[], &w(2))
+            .await
+            .expect("last arrival"),
+        0
+    );
+    for wtask in waiting {
+        assert_eq!(wtask.await.expect("join").expect("re-driven barrier"), 0);
+    }
+    // The service incarnation did not change with the leader.
+    assert_eq!(
+        env.client.heartbeat(&w(0), 1000).await.expect("heartbeat"),
+        before
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_deadline_fires_on_the_new_leader() {
+    let mut env = Env::start(3, &["--job", "worker=2"]).await;
+    register(&env, 2).await;
+    let started = Instant::now();
+    let waiting = {
+        let c = env.another_client();
+        tokio::spawn(async move {
+            c.barrier("timed", 0, Duration::from_millis(4000), &[], &w(0))
+                .await
+        })
+    };
+    env.wait_parked(1).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    leader_of(&mut env).await;
+    // Nobody else arrives: the deadline set at the first arrival (on the dead leader) fails it.
+    assert_code(
+        waiting.await.expect("join"),
+        Code::DeadlineExceeded,
+        "timed out after 4000 ms",
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(3900),
+        "failed before its deadline: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(12_000),
+        "deadline not re-armed promptly: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_all_tasks_survives_the_leader_kill() {
+    let mut env = Env::start(3, &["--job", "worker=3"]).await;
+    register(&env, 3).await;
+    let devices = |i: i32| tf::CoordinationServiceDeviceInfo {
+        r#type: Some(tf::coordination_service_device_info::Type::Tf(
+            tf::TfDeviceList {
+                devices: vec![bytes::Bytes::from(format!("gpu-of-{i}"))],
+            },
+        )),
+    };
+    let waiting: Vec<_> = (0..2)
+        .map(|i| {
+            let c = env.another_client();
+            let d = devices(i);
+            tokio::spawn(async move { c.wait_for_all_tasks(&w(i), Some(d)).await })
+        })
+        .collect();
+    env.wait_parked(2).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    leader_of(&mut env).await;
+    let last = env
+        .client
+        .wait_for_all_tasks(&w(2), Some(devices(2)))
+        .await
+        .expect("last");
+    for wtask in waiting {
+        let resp = wtask.await.expect("join").expect("re-driven wait");
+        assert_eq!(
+            resp.cluster_device_info, last.cluster_device_info,
+            "everyone sees the same devices"
+        );
+    }
+    match last.cluster_device_info.and_then(|d| d.r#type) {
+        Some(tf::coordination_service_device_info::Type::Tf(l)) => assert_eq!(l.devices.len(), 3),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_barrier_survives_the_leader_kill() {
+    let mut env = Env::start(
+        3,
+        &[
+            "--job",
+            "worker=3",
+            "--shutdown-barrier-timeout-ms",
+            "60000",
+        ],
+    )
+    .await;
+    register(&env, 3).await;
+    let leaving: Vec<_> = (0..2)
+        .map(|i| {
+            let c = env.another_client();
+            tokio::spawn(async move { c.shutdown_task(&w(i)).await })
+        })
+        .collect();
+    env.wait_parked(2).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    leader_of(&mut env).await;
+    env.client
+        .shutdown_task(&w(2))
+        .await
+        .expect("last task shuts down");
+    for l in leaving {
+        l.await.expect("join").expect("re-driven shutdown");
+    }
+    let states = env.client.task_states(&[]).await.expect("states");
+    assert!(
+        states
+            .tasks
+            .iter()
+            .all(|t| t.state == tf::CoordinatedTaskState::TaskstateDisconnected as i32),
+        "all disconnect together: {states:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_reach_agents_across_a_leader_change() {
+    let mut env = Env::start(3, &["--job", "worker=3"]).await;
+    register(&env, 3).await;
+    let polls: Vec<_> = (1..3)
+        .map(|i| {
+            let c = env.another_client();
+            tokio::spawn(async move { c.poll_for_error(&w(i), 0).await })
+        })
+        .collect();
+    env.wait_parked(2).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    leader_of(&mut env).await;
+    let reported = Instant::now();
+    env.client
+        .report_error(&w(0), Code::Internal as i32, "NaN loss")
+        .await
+        .expect("report");
+    for p in polls {
+        let e = p
+            .await
+            .expect("join")
+            .expect("poll re-driven on the new leader");
+        assert!(e.error_message.contains("NaN loss"));
+        assert_eq!(e.error_payload.and_then(|p| p.source_task), Some(w(0)));
+    }
+    assert!(
+        reported.elapsed() < Duration::from_secs(1),
+        "learned after {:?}",
+        reported.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_gives_tasks_a_full_heartbeat_timeout() {
+    let mut env = Env::start(3, &["--job", "worker=2", "--heartbeat-timeout-ms", "3000"]).await;
+    register(&env, 2).await;
+    let beat = |i: i32| {
+        let c = env.another_client();
+        tokio::spawn(async move {
+            loop {
+                let _ = c.heartbeat(&w(i), 1000 + i as u64).await;
+                // The heartbeat interval.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let beats = [beat(0), beat(1)];
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    leader_of(&mut env).await;
+    // Tasks that keep heartbeating through the failover stay connected well past the timeout.
+    let until = Instant::now() + Duration::from_millis(4500);
+    while Instant::now() < until {
+        let states = env.client.task_states(&[]).await.expect("states");
+        assert!(
+            states
+                .tasks
+                .iter()
+                .all(|t| t.state == tf::CoordinatedTaskState::TaskstateConnected as i32),
+            "a heartbeating task was put in error after the leader change: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for b in beats {
+        b.abort();
+    }
+}
