@@ -203,7 +203,14 @@ async fn start_coord(args: &KvArgs) -> Result<Option<Cluster>, String> {
     }
     // Three replicas share this machine's cores, so each gets one runtime thread (as the local
     // ensemble script does); --coord-arg can override it.
-    let mut extra_args = vec!["--worker-threads".to_string(), "1".to_string()];
+    let mut extra_args = Vec::new();
+    if !args
+        .coord_args
+        .iter()
+        .any(|a| a.starts_with("--worker-threads"))
+    {
+        extra_args.extend(["--worker-threads".to_string(), "1".to_string()]);
+    }
     extra_args.extend(args.coord_args.iter().cloned());
     let mut cluster = Cluster::start(ClusterOptions {
         extra_args,
