@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut files = Vec::new();
     collect_protos(root, &mut files)?;
     files.sort();
+    // The directory too, so that a new .proto triggers a rebuild.
+    println!("cargo:rerun-if-changed={}", root.display());
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

@@ -19,6 +19,8 @@ use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
     GetTaskStateRequest, GetTaskStateResponse, PollForErrorRequest, PollForErrorResponse,
 };
+use coord_proto::coord::kv::key_value_client::KeyValueClient;
+use coord_proto::coord::kv::{IncrementRequest, WatchRequest, WatchResponse};
 use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
@@ -212,6 +214,45 @@ impl CoordClient {
         })
         .await
         .map(|_| ())
+    }
+
+    /// Adds `delta` to the decimal integer at `key` (0 if missing); returns the new value.
+    pub async fn increment(&self, key: &str, delta: i64) -> Result<i64, Status> {
+        let req = IncrementRequest {
+            key: key.to_string(),
+            delta,
+        };
+        let resp = self
+            .mutate(req, |ch, r| async move {
+                KeyValueClient::new(ch).increment(r).await
+            })
+            .await?;
+        std::str::from_utf8(&resp.value)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "increment of {key:?} returned a non-number {:?}",
+                    resp.value
+                ))
+            })
+    }
+
+    /// Opens a watch of `key` (and everything under `key/`) on the leader, from `start_revision`
+    /// (0 = from now).
+    pub async fn open_watch(
+        &self,
+        key: &str,
+        start_revision: u64,
+    ) -> Result<tonic::Streaming<WatchResponse>, Status> {
+        let req = WatchRequest {
+            key: key.to_string(),
+            start_revision,
+        };
+        self.call(req, None, |ch, r| async move {
+            KeyValueClient::new(ch).watch(r).await
+        })
+        .await
     }
 
     /// A mutation of the coordination service, sent with a fresh request id.
@@ -466,15 +507,8 @@ fn tf_client(ch: Channel) -> CoordinationServiceClient<Channel> {
 }
 
 /// Failures after which the same request may be sent again: the replica is unreachable or has no
-/// leader (`UNAVAILABLE`), or the connection broke mid-call (tonic reports `UNKNOWN` for some
-/// transport errors). Resending is safe because mutations carry their request id.
+/// leader, or the connection broke mid-call; never an answer of the service. Resending is safe
+/// because mutations carry their request id.
 fn retryable(s: &Status) -> bool {
-    if s.metadata().contains_key(coord_proto::metadata::FINAL) {
-        return false;
-    }
-    match s.code() {
-        Code::Unavailable => true,
-        Code::Unknown => s.metadata().is_empty() || s.message().contains("transport"),
-        _ => false,
-    }
+    coord_proto::metadata::is_retryable(s)
 }

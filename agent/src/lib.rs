@@ -1,9 +1,20 @@
 //! coord-agent: the task side of coord.
 //!
+//! - [`agent`]: [`Agent`], TensorFlow's coordination agent (seed 000) over a whole ensemble: task
+//!   state machine, heartbeats, error callback, key-value, barriers, watches.
+//! - [`blocking`]: [`BlockingAgent`], the same for callers without an async runtime.
+//! - [`watch`]: key watches that resume across leader changes without losing or repeating a
+//!   change.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
 //!   once and a caller sees an error only when no replica could serve it for a configurable time.
 
+pub mod agent;
+pub mod blocking;
 pub mod client;
+pub mod watch;
 
+pub use agent::{Agent, AgentConfig, AgentState, TaskStatus};
+pub use blocking::BlockingAgent;
 pub use client::{ClientOptions, CoordClient};
+pub use watch::{ChangeKind, KeyChange};

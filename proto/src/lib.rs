@@ -5,6 +5,7 @@
 //! - [`coord::raft`]: the Raft transport between replicas.
 //! - [`coord::admin`]: ensemble status, service shutdown (and membership, later).
 //! - [`coord::coordination`]: error polling and task states, beside the TF service.
+//! - [`coord::kv`]: atomic increment and key watches.
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 
@@ -23,6 +24,9 @@ pub mod coord {
     }
     pub mod coordination {
         tonic::include_proto!("coord.coordination");
+    }
+    pub mod kv {
+        tonic::include_proto!("coord.kv");
     }
 }
 

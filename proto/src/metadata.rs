@@ -17,10 +17,24 @@ use tonic::metadata::MetadataMap;
 pub const REQUEST_ID: &str = "coord-request-id";
 /// Set by a replica forwarding a request to the leader; the leader never forwards it again.
 pub const FORWARDED: &str = "coord-forwarded";
-/// Marks an answer of the service whose code clients would otherwise take for "try again"
-/// (UNAVAILABLE, UNKNOWN), e.g. the stored error of a task that missed its heartbeats: retrying
-/// it would only get the same answer.
+/// Marks an answer of the service, as opposed to a failure on the way to it. A status without it
+/// whose code a broken connection produces (UNAVAILABLE, UNKNOWN, CANCELLED, INTERNAL) may be
+/// retried with the same request id; one with it is the answer (e.g. CANCELLED from a cancelled
+/// barrier, or the UNAVAILABLE error of a task that missed its heartbeats).
 pub const FINAL: &str = "coord-final";
+
+/// Whether a failed call may be sent again: not an answer of the service, and a code that a
+/// broken connection or a missing leader produces.
+pub fn is_retryable(s: &tonic::Status) -> bool {
+    !s.metadata().contains_key(FINAL)
+        && matches!(
+            s.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Internal
+        )
+}
 /// On `UNAVAILABLE`: who leads, so the client can go there.
 pub const LEADER_ID: &str = "coord-leader-id";
 pub const LEADER_ADDR: &str = "coord-leader-addr";

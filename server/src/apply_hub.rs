@@ -12,6 +12,7 @@ use coord_raft_store::Change;
 use tokio::sync::mpsc;
 
 use crate::parked::{WaitRegistry, Wake};
+use crate::watch_hub::{EventKind, KvEvent, WatchHub};
 
 /// Blocking gets, by key; woken with the inserted value.
 pub type KvWaiters = WaitRegistry<String, Bytes>;
@@ -32,6 +33,11 @@ pub struct ApplyHub {
     pub kv: Arc<KvWaiters>,
     pub barriers: Arc<BarrierWaiters>,
     pub errors: Arc<ErrorWaiters>,
+    /// Key-value changes for watches.
+    pub watches: Arc<WatchHub>,
+    /// Read access to the state, set once storage is open (to restart watch history after a
+    /// snapshot replaced the state).
+    reader: std::sync::OnceLock<coord_raft_store::storage::StateReader>,
     deadlines_tx: mpsc::UnboundedSender<Deadline>,
     deadlines_rx: Mutex<Option<mpsc::UnboundedReceiver<Deadline>>>,
     /// The last applied log index, for metrics.
@@ -45,10 +51,19 @@ impl ApplyHub {
             kv: Arc::default(),
             barriers: Arc::default(),
             errors: Arc::default(),
+            watches: Arc::default(),
+            reader: std::sync::OnceLock::new(),
             deadlines_tx,
             deadlines_rx: Mutex::new(Some(rx)),
             applied_index: AtomicU64::new(0),
         })
+    }
+
+    /// Gives the hub the opened state: watch history starts at its current revision.
+    pub fn attach(&self, reader: coord_raft_store::storage::StateReader) {
+        self.watches
+            .restart_at(reader.read(|a| a.state.kv.revision()));
+        let _ = self.reader.set(reader);
     }
 
     /// The stream of barrier deadlines (taken once, by the barrier timer).
@@ -75,9 +90,28 @@ impl ApplyHub {
 impl ApplyListener for ApplyHub {
     fn applied(&self, last: LogId, changes: &[Change]) {
         self.applied_index.store(last.index, Ordering::Relaxed);
+        let mut kv_events = Vec::new();
         for change in changes {
             match change {
-                Change::KvPut { key, value, .. } => self.kv.wake(key, value),
+                Change::KvPut {
+                    key,
+                    value,
+                    revision,
+                } => {
+                    self.kv.wake(key, value);
+                    kv_events.push(KvEvent {
+                        kind: EventKind::Put,
+                        key: key.clone(),
+                        value: value.clone(),
+                        revision: *revision,
+                    });
+                }
+                Change::KvDelete { key, revision } => kv_events.push(KvEvent {
+                    kind: EventKind::Delete,
+                    key: key.clone(),
+                    value: Bytes::new(),
+                    revision: *revision,
+                }),
                 Change::BarrierDone { id, counter } => {
                     self.barriers.wake(&(id.clone(), *counter), &())
                 }
@@ -96,6 +130,7 @@ impl ApplyListener for ApplyHub {
                 _ => {}
             }
         }
+        self.watches.record(kv_events);
     }
 
     fn replaced(&self, last: Option<LogId>) {
@@ -104,5 +139,9 @@ impl ApplyListener for ApplyHub {
         self.kv.wake_all(|| Wake::Recheck);
         self.barriers.wake_all(|| Wake::Recheck);
         self.errors.wake_all(|| Wake::Recheck);
+        if let Some(reader) = self.reader.get() {
+            self.watches
+                .restart_at(reader.read(|a| a.state.kv.revision()));
+        }
     }
 }

@@ -57,18 +57,16 @@ impl From<CoordError> for Status {
     fn from(e: CoordError) -> Status {
         let retryable = e.is_retryable();
         let mut s = status_of(e);
-        if !retryable && matches!(s.code(), Code::Unavailable | Code::Unknown) {
-            s.metadata_mut()
-                .insert(coord_proto::metadata::FINAL, "1".parse().expect("ascii"));
+        // Every answer of the service is marked, so that nobody takes it for a broken hop and
+        // sends the request again (see `coord_proto::metadata::FINAL`).
+        if !retryable {
+            s.metadata_mut().insert(
+                coord_proto::metadata::FINAL,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
         }
         s
     }
-}
-
-/// Whether a status is a final answer of the service rather than "try again" (see
-/// [`coord_proto::metadata::FINAL`]).
-pub fn is_final(s: &Status) -> bool {
-    s.metadata().contains_key(coord_proto::metadata::FINAL)
 }
 
 fn status_of(e: CoordError) -> Status {

@@ -239,6 +239,12 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         "Blocking calls parked on this replica.",
         r.hub.parked() as f64,
     );
+    gauge(
+        &mut out,
+        "coord_active_watches",
+        "Key watch streams served by this replica.",
+        r.hub.watches.active.load(Relaxed) as f64,
+    );
     let keys = r.kv.reader.read(|a| a.state.kv.len());
     gauge(
         &mut out,

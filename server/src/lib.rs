@@ -1,11 +1,13 @@
 //! coord-server: one replica of a coord ensemble (binary `coordinator`).
 //!
-//! Request path: a gRPC call reaches a wire adapter ([`tf_service`], [`coord_service`]), which
+//! Request path: a gRPC call reaches a wire adapter ([`tf_service`], [`coord_service`],
+//! [`kv_service`]), which
 //! hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
 //! re-drives it when leadership moves. On the leader the semantics ([`kv::KvCore`],
 //! [`coordination::CoordCore`]) write through the batching [`proposer`] and read after the batched
 //! [`read_index`]. The state machine reports applied changes to the [`apply_hub`], which wakes
-//! [`parked`] calls and feeds the [`barrier_timer`].
+//! [`parked`] calls, feeds the [`barrier_timer`] and records changes for watches in the
+//! [`watch_hub`].
 //!
 //! Leader-only duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`]
 //! (silent tasks go to ERROR), [`barrier_timer`] (deadlines). [`wire`] converts TensorFlow's
@@ -33,6 +35,7 @@ pub mod heartbeats;
 pub mod http;
 pub mod identity;
 pub mod kv;
+pub mod kv_service;
 pub mod leader;
 pub mod metrics;
 pub mod parked;
@@ -47,6 +50,7 @@ pub mod route;
 pub mod status;
 pub mod tasks;
 pub mod tf_service;
+pub mod watch_hub;
 pub mod wire;
 
 pub use config::Args;

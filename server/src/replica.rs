@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use coord_proto::coord::admin::admin_server::AdminServer;
 use coord_proto::coord::coordination::coordination_server::CoordinationServer;
+use coord_proto::coord::kv::key_value_server::KeyValueServer;
 use coord_proto::coord::raft::raft_transport_server::RaftTransportServer;
 use coord_proto::tensorflow::coordination_service_server::CoordinationServiceServer;
 use coord_raft_store::stats::SyncStats;
@@ -74,6 +75,7 @@ pub struct Replica {
     pub router: Arc<Router>,
     pub kv: Arc<KvCore>,
     pub coord: Arc<crate::coordination::CoordCore>,
+    pub leader: LeaderWatch,
     pub hub: Arc<ApplyHub>,
     pub metrics: Arc<Metrics>,
     pub sync_stats: Arc<SyncStats>,
@@ -132,6 +134,7 @@ impl Replica {
             },
         )?;
         let reader = sm.reader();
+        hub.attach(reader.clone());
         let sync_stats = log.sync_stats();
 
         // The Raft core, its replication streams and its peer connections run on a runtime of
@@ -227,6 +230,7 @@ impl Replica {
             router,
             kv,
             coord,
+            leader: leader.clone(),
             hub,
             metrics,
             sync_stats,
@@ -277,6 +281,15 @@ impl Replica {
         ));
         let coordination =
             CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));
+        let kv_svc = KeyValueServer::new(crate::kv_service::KvService::new(
+            this.router.clone(),
+            this.kv.clone(),
+            this.hub.watches.clone(),
+            this.leader.clone(),
+            this.args.id,
+        ))
+        .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let grpc_server = tonic::transport::Server::builder()
             .initial_stream_window_size(Some(8 << 20))
@@ -286,6 +299,7 @@ impl Replica {
             .add_service(tf)
             .add_service(admin)
             .add_service(coordination)
+            .add_service(kv_svc)
             .serve_with_incoming_shutdown(incoming, stopped());
         let grpc_task = tokio::spawn(grpc_server);
         let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));

@@ -138,7 +138,7 @@ impl Router {
                     }
                     match self.forward(addr, &msg, id, &remote).await {
                         Ok(resp) => return Ok(resp),
-                        Err(s) if s.code() == Code::Unavailable && !crate::error::is_final(&s) => s,
+                        Err(s) if coord_proto::metadata::is_retryable(&s) => s,
                         Err(s) => return Err(s),
                     }
                 }

@@ -37,15 +37,26 @@ impl Env {
     /// Waits (with a deadline) until at least `n` calls are parked on the ensemble, i.e. the calls
     /// started before are waiting on the leader.
     pub async fn wait_parked(&mut self, n: u64) {
+        self.wait_metric("coord_parked_calls", n).await;
+    }
+
+    /// Waits (with a deadline) until at least `n` key watches are being served.
+    pub async fn wait_watches(&mut self, n: u64) {
+        self.wait_metric("coord_active_watches", n).await;
+    }
+
+    /// Waits until the gauge `name`, summed over the replicas, reaches `n`.
+    async fn wait_metric(&mut self, name: &str, n: u64) {
+        let prefix = format!("{name} ");
         self.cluster
-            .wait_until(LEADER_TIMEOUT, &format!("{n} parked calls"), |c| {
+            .wait_until(LEADER_TIMEOUT, &format!("{name} >= {n}"), |c| {
                 let total: u64 = c
                     .ids()
                     .iter()
                     .filter_map(|&id| crate::http::get(c.replica(id).http, "/metrics").ok())
                     .filter_map(|(_, m)| {
                         m.lines()
-                            .find_map(|l| l.strip_prefix("coord_parked_calls "))
+                            .find_map(|l| l.strip_prefix(prefix.as_str()))
                             .and_then(|v| v.trim().parse::<f64>().ok())
                     })
                     .map(|v| v as u64)
@@ -210,10 +221,13 @@ pub async fn registration_rules(replicas: usize) {
     c.register_task(&w(0), 8)
         .await
         .expect("registers again after reset");
+    c.reset_task(&w(1))
+        .await
+        .expect("a connected task can be reset (disconnected)");
     assert_code(
         c.reset_task(&w(1)).await,
         Code::FailedPrecondition,
-        "not in error state",
+        "already disconnected",
     );
     // A recoverable task restarts freely and nobody is told.
     let eval = task("eval", 0);
@@ -424,6 +438,33 @@ pub async fn barrier_failures(replicas: usize) {
         Code::Cancelled,
         "cancelled",
     );
+    // The same answer through every replica (a follower forwards the call and must pass the
+    // leader's CANCELLED on, not take it for a broken hop and retry).
+    for id in env.cluster.ids() {
+        let pinned = CoordClient::new(ClientOptions::new(vec![env
+            .cluster
+            .replica(id)
+            .grpc
+            .to_string()]))
+        .expect("client");
+        let name = format!("c{id}");
+        let waiting = {
+            let name = name.clone();
+            tokio::spawn(async move {
+                pinned
+                    .barrier(&name, 0, Duration::from_secs(20), &[], &w(0))
+                    .await
+            })
+        };
+        env.wait_parked(1).await;
+        c.cancel_barrier(&name, 0, &w(1)).await.expect("cancel");
+        let started = Instant::now();
+        assert_code(waiting.await.expect("join"), Code::Cancelled, "cancelled");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the answer was retried"
+        );
+    }
     // Cancelling a passed barrier.
     let pair = [w(0), w(1)];
     let a = {

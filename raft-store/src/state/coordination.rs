@@ -196,21 +196,33 @@ impl Cluster {
         }
     }
 
+    /// Disconnects a task in ERROR (or one whose agent went to ERROR on another task's error
+    /// while the service still has it CONNECTED), so that it may register again.
     pub(crate) fn reset(&mut self, task: &TaskName, changes: &mut Vec<Change>) -> CommandResult {
         self.require(task)?;
-        let Some(rec) = self.tasks.get_mut(task) else {
-            return Err(status(Code::InvalidArgument, self.config.why_unknown(task)));
-        };
-        if rec.state != TaskState::Error {
+        let state = self.tasks.get(task).map(|r| r.state);
+        if state == Some(TaskState::Disconnected) {
             return Err(status(
                 Code::FailedPrecondition,
-                format!("task {task} is not in error state (it is {:?}); only a task in error can be reset", rec.state),
+                format!("task {task} is already disconnected; there is nothing to reset"),
             ));
         }
-        rec.state = TaskState::Disconnected;
-        rec.error = None;
-        changes.push(Change::TaskChanged { task: task.clone() });
+        if let Some(rec) = self.tasks.get_mut(task) {
+            rec.error = None;
+        }
+        self.leave(task, "was reset", changes);
         Ok(Output::Done)
+    }
+
+    /// Disconnects `task` and aborts the barriers it takes part in (it will not arrive).
+    fn leave(&mut self, task: &TaskName, why: &str, changes: &mut Vec<Change>) {
+        self.disconnect(task, changes);
+        for (id, counter) in self.barriers.pending_with(task, &self.config) {
+            let message = format!("barrier {id:?} aborted: participant {task} {why}");
+            if self.barriers.fail(&id, counter, Code::Aborted, message) {
+                self.finished(&id, counter, changes);
+            }
+        }
     }
 
     pub(crate) fn shutdown_task(
@@ -222,13 +234,7 @@ impl Cluster {
         self.require(task)?;
         let timeout = self.config.shutdown_barrier_timeout_ms;
         if timeout == 0 {
-            self.disconnect(task, changes);
-            for (id, counter) in self.barriers.pending_with(task, &self.config) {
-                let message = format!("barrier {id:?} aborted: participant {task} shut down");
-                if self.barriers.fail(&id, counter, Code::Aborted, message) {
-                    self.finished(&id, counter, changes);
-                }
-            }
+            self.leave(task, "shut down", changes);
             return Ok(Output::Done);
         }
         self.arrive(

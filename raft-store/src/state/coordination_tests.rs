@@ -162,6 +162,13 @@ fn registration_rules() {
     );
     assert_eq!(state_of(&s, &w(0)), TaskState::Disconnected);
     assert!(register(&mut s, w(0), 7).is_ok());
+    // Reset disconnects a connected task too (its agent may be in error on another task's error);
+    // a disconnected task has nothing to reset.
+    assert_eq!(
+        run(&mut s, 0, Op::ResetTask { task: w(0) }),
+        Ok(Output::Done)
+    );
+    assert_eq!(state_of(&s, &w(0)), TaskState::Disconnected);
     assert_eq!(
         code_of(&run(&mut s, 0, Op::ResetTask { task: w(0) })),
         Some(Code::FailedPrecondition)

@@ -2,6 +2,7 @@
 //! measurement, many simulated tasks ([`tasks`]), and the two targets (a coord ensemble and an etcd 3.4 cluster, both real processes
 //! on loopback).
 
+pub mod agent_target;
 pub mod coord_target;
 pub mod etcd;
 pub mod failover;
