@@ -292,3 +292,34 @@ async fn watches_deliver_changes_in_order() {
         Code::NotFound
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_agent_works_from_plain_threads() {
+    let env = Env::start(3, &["--job", "worker=2"]).await;
+    let endpoints = env.cluster.endpoints();
+    let run = move |id: i32| {
+        let endpoints = endpoints.clone();
+        std::thread::spawn(move || {
+            let mut config = AgentConfig::new(endpoints, "worker", id);
+            config.heartbeat_interval = Duration::from_millis(300);
+            let a = coord_agent::BlockingAgent::new(config, |_| {}).expect("agent");
+            a.connect().expect("connect");
+            a.insert_key_value(&format!("addr/{id}"), format!("host-{id}"))
+                .expect("insert");
+            let peer = a
+                .get_key_value(&format!("addr/{}", 1 - id), Some(Duration::from_secs(20)))
+                .expect("peer");
+            a.wait_at_barrier("ready", Duration::from_secs(20), &[])
+                .expect("barrier");
+            a.shutdown().expect("shutdown");
+            String::from_utf8_lossy(&peer).to_string()
+        })
+    };
+    let (t0, t1) = (run(0), run(1));
+    let (p0, p1) = tokio::task::spawn_blocking(move || {
+        (t0.join().expect("thread 0"), t1.join().expect("thread 1"))
+    })
+    .await
+    .expect("join");
+    assert_eq!((p0.as_str(), p1.as_str()), ("host-1", "host-0"));
+}
