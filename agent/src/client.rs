@@ -4,8 +4,11 @@
 //! believes leads (any replica would do: followers forward, but the leader saves a hop). When a
 //! call fails because the replica is gone or no leader is elected, it follows the leader hint in
 //! the error, or tries the next replica, and sends the *same* request again — mutations carry a
-//! request id in metadata, so a retry is applied at most once. The caller sees `UNAVAILABLE` only
-//! when no replica could serve the call for [`ClientOptions::unavailable_after`].
+//! request id in metadata, so a retry is applied at most once. A call that should answer at once
+//! but does not within [`ClientOptions::attempt_timeout`] goes to the next replica the same way (a
+//! replica behind a one-way partition accepts calls it cannot complete). The caller sees
+//! `UNAVAILABLE` only when no replica could serve the call for
+//! [`ClientOptions::unavailable_after`].
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +42,11 @@ pub struct ClientOptions {
     /// How long calls keep retrying while no replica can serve them.
     pub unavailable_after: Duration,
     pub connect_timeout: Duration,
+    /// How long one attempt of a call that should answer at once (everything but the calls that
+    /// wait: blocking get, barrier, WaitForAllTasks, ShutdownTask, error polling) may take before
+    /// the client gives up on that replica and sends the same request to the next one. A replica
+    /// behind a one-way partition may accept a call and never answer it.
+    pub attempt_timeout: Duration,
 }
 
 impl ClientOptions {
@@ -47,6 +55,7 @@ impl ClientOptions {
             endpoints,
             unavailable_after: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(500),
+            attempt_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -165,7 +174,7 @@ impl CoordClient {
             key: key.to_string(),
         };
         let resp = self
-            .call(req, None, |ch, r| async move {
+            .call_parked(req, None, |ch, r| async move {
                 tf_client(ch).get_key_value(r).await
             })
             .await?;
@@ -266,6 +275,17 @@ impl CoordClient {
         self.call(req, Some(&ticket), f).await
     }
 
+    /// A mutation that may wait on the service (a barrier, WaitForAllTasks, ShutdownTask).
+    async fn mutate_parked<Req, Resp, F, Fut>(&self, req: Req, f: F) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let ticket = self.inner.session.begin();
+        self.call_parked(req, Some(&ticket), f).await
+    }
+
     /// Registers `task`; returns the service incarnation.
     pub async fn register_task(
         &self,
@@ -313,7 +333,7 @@ impl CoordClient {
             local_device_info: devices,
             source_task: Some(task.clone()),
         };
-        self.mutate(req, |ch, r| async move {
+        self.mutate_parked(req, |ch, r| async move {
             tf_client(ch).wait_for_all_tasks(r).await
         })
         .await
@@ -337,7 +357,7 @@ impl CoordClient {
             counter,
         };
         let resp = self
-            .mutate(req, |ch, r| async move { tf_client(ch).barrier(r).await })
+            .mutate_parked(req, |ch, r| async move { tf_client(ch).barrier(r).await })
             .await?;
         Ok(resp.counter)
     }
@@ -395,7 +415,7 @@ impl CoordClient {
         let req = tf::ShutdownTaskRequest {
             source_task: Some(task.clone()),
         };
-        self.mutate(
+        self.mutate_parked(
             req,
             |ch, r| async move { tf_client(ch).shutdown_task(r).await },
         )
@@ -413,7 +433,7 @@ impl CoordClient {
             task: Some(task.clone()),
             after_seq,
         };
-        self.call(req, None, |ch, r| async move {
+        self.call_parked(req, None, |ch, r| async move {
             CoordinationClient::new(ch).poll_for_error(r).await
         })
         .await
@@ -445,10 +465,42 @@ impl CoordClient {
         .map(|_| ())
     }
 
+    /// A call that answers at once (see [`ClientOptions::attempt_timeout`]).
     async fn call<Req, Resp, F, Fut>(
         &self,
         req: Req,
         ticket: Option<&Ticket>,
+        f: F,
+    ) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        self.call_with(req, ticket, Some(self.inner.options.attempt_timeout), f)
+            .await
+    }
+
+    /// A call that may wait on the service for as long as it takes.
+    async fn call_parked<Req, Resp, F, Fut>(
+        &self,
+        req: Req,
+        ticket: Option<&Ticket>,
+        f: F,
+    ) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        self.call_with(req, ticket, None, f).await
+    }
+
+    async fn call_with<Req, Resp, F, Fut>(
+        &self,
+        req: Req,
+        ticket: Option<&Ticket>,
+        attempt_timeout: Option<Duration>,
         f: F,
     ) -> Result<Resp, Status>
     where
@@ -465,7 +517,19 @@ impl CoordClient {
             if let Some(t) = ticket {
                 t.id.write(r.metadata_mut());
             }
-            let status = match f(self.inner.channels[at].clone(), r).await {
+            let attempt = f(self.inner.channels[at].clone(), r);
+            let answer = match attempt_timeout {
+                None => attempt.await,
+                Some(limit) => tokio::time::timeout(limit, attempt)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Status::unavailable(format!(
+                            "no answer from {} within {limit:?}",
+                            self.inner.endpoints[at]
+                        )))
+                    }),
+            };
+            let status = match answer {
                 Ok(resp) => {
                     self.inner.preferred.store(at, Ordering::Relaxed);
                     return Ok(resp.into_inner());

@@ -103,6 +103,11 @@ pub struct Args {
     #[arg(long = "recoverable-job")]
     pub recoverable_jobs: Vec<String>,
 
+    /// Bind outgoing connections to other replicas to this local address (on a host with several
+    /// interfaces; the fault-injection tests also use it to tell replicas apart).
+    #[arg(long)]
+    pub peer_source_ip: Option<std::net::IpAddr>,
+
     /// Threads of the async runtime; 0 = one per CPU core.
     #[arg(long, default_value_t = 0)]
     pub worker_threads: usize,

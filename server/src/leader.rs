@@ -5,6 +5,10 @@
 //! acknowledged it within the lease (the longest election timeout): past that, another replica
 //! may already lead, and this one serves nothing rather than hang.
 //!
+//! A leader also counts as leader only once its state machine has caught up with what was
+//! committed before its term (see [`ready`]): it answers heartbeats and parked calls from that
+//! state, and serves reads from it.
+//!
 //! openraft publishes metrics on every turn of its event loop. One task ([`LeaderWatch::start`])
 //! turns them into a [`Leadership`] value and publishes that only when it changes, so the many
 //! requests waiting on leadership (every in-flight call watches for its loss) are woken by real
@@ -45,15 +49,36 @@ pub struct LeaderWatch {
 
 impl LeaderWatch {
     /// Starts deriving leadership from `raft`'s metrics.
-    pub fn start(raft: &Raft, me: NodeId, lease: Duration, tasks: &mut TaskGuard) -> Self {
+    pub fn start(
+        raft: &Raft,
+        me: NodeId,
+        lease: Duration,
+        floor: StartFloor,
+        tasks: &mut TaskGuard,
+    ) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let mut metrics = raft.metrics();
-        let (tx, rx) = watch::channel(leadership_of(me, lease_ms, &metrics.borrow()));
+        let (tx, rx) = watch::channel(leadership_of(me, lease_ms, floor, &metrics.borrow()));
         tasks.spawn("leadership", async move {
             while metrics.changed().await.is_ok() {
-                let now = leadership_of(me, lease_ms, &metrics.borrow_and_update());
+                let (now, term, applied) = {
+                    let m = metrics.borrow_and_update();
+                    (
+                        leadership_of(me, lease_ms, floor, &m),
+                        m.current_term,
+                        m.last_applied,
+                    )
+                };
                 tx.send_if_modified(|l| {
                     let changed = *l != now;
+                    if changed && now == Leadership::Me {
+                        tracing::info!(
+                            term,
+                            applied = ?applied,
+                            ?floor,
+                            "serving as leader"
+                        );
+                    }
                     *l = now;
                     changed
                 });
@@ -90,9 +115,40 @@ pub fn leads(me: NodeId, lease_ms: u64, m: &RaftMetrics<NodeId, BasicNode>) -> b
         && m.millis_since_quorum_ack.is_some_and(|ms| ms <= lease_ms)
 }
 
-fn leadership_of(me: NodeId, lease_ms: u64, m: &RaftMetrics<NodeId, BasicNode>) -> Leadership {
+/// The vote's term and the last durable log index when this process started.
+///
+/// openraft 0.9 restores a replica that was leader when it stopped as leader of the same term at
+/// once, without an election, and then takes the first entry of its term (long committed) as the
+/// bar for linearizable reads. But the commit index it restarts with is the one last persisted,
+/// which may lag what it had acknowledged before the crash: reads and heartbeat answers from that
+/// state would be stale (the crash-consistency loop saw an acknowledged insert missing this way).
+/// Everything in its log at startup is its own term's and will commit, so a restored leader
+/// serves only once it has applied up to there.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StartFloor {
+    pub term: u64,
+    pub index: u64,
+}
+
+/// Whether a leader's state machine is current enough to serve from: it applied an entry of its
+/// own term (the blank entry a new leader commits first, so everything committed before its term
+/// is applied), and, if it was restored as leader at startup, everything that was in its log.
+pub fn ready(floor: StartFloor, m: &RaftMetrics<NodeId, BasicNode>) -> bool {
+    let Some(applied) = &m.last_applied else {
+        return false;
+    };
+    applied.leader_id.term == m.current_term
+        && (floor.term != m.current_term || applied.index >= floor.index)
+}
+
+fn leadership_of(
+    me: NodeId,
+    lease_ms: u64,
+    floor: StartFloor,
+    m: &RaftMetrics<NodeId, BasicNode>,
+) -> Leadership {
     match m.current_leader {
-        Some(_) if leads(me, lease_ms, m) => Leadership::Me,
+        Some(_) if leads(me, lease_ms, m) && ready(floor, m) => Leadership::Me,
         Some(id) if id != me => match m.membership_config.membership().get_node(&id) {
             Some(node) => Leadership::Other {
                 id,

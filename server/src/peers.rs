@@ -17,9 +17,19 @@ pub const PEER_MESSAGE_LIMIT: usize = 64 << 20;
 #[derive(Default)]
 pub struct PeerChannels {
     channels: Mutex<HashMap<String, Channel>>,
+    /// The local address outgoing connections bind to (`--peer-source-ip`); `None` lets the
+    /// system choose.
+    source: Option<std::net::IpAddr>,
 }
 
 impl PeerChannels {
+    pub fn new(source: Option<std::net::IpAddr>) -> Self {
+        Self {
+            channels: Mutex::new(HashMap::new()),
+            source,
+        }
+    }
+
     /// The channel to `addr` (`host:port`), created on first use without connecting.
     pub fn get(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self
@@ -33,13 +43,16 @@ impl PeerChannels {
             .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
+            // A peer that stops answering (a one-way partition, a frozen process) is noticed
+            // within a few seconds, failing the calls in flight on that connection.
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(3))
             .keep_alive_while_idle(true)
             // Room for a snapshot chunk or a batch of large values without stalling on flow
             // control.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20))
+            .local_address(self.source)
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)

@@ -34,10 +34,10 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn new(cluster_id: u64) -> Self {
+    pub fn new(cluster_id: u64, source: Option<std::net::IpAddr>) -> Self {
         Self {
             cluster_id,
-            channels: Arc::new(PeerChannels::default()),
+            channels: Arc::new(PeerChannels::new(source)),
         }
     }
 }

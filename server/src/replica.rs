@@ -27,7 +27,7 @@ use crate::config::Args;
 use crate::coord_service::CoordService;
 use crate::identity::{self, IdentityError};
 use crate::kv::{KvCore, Limits};
-use crate::leader::LeaderWatch;
+use crate::leader::{LeaderWatch, StartFloor};
 use crate::metrics::Metrics;
 use crate::peers::PEER_MESSAGE_LIMIT;
 use crate::proposer::Proposer;
@@ -105,7 +105,15 @@ fn raft_config(args: &Args) -> Result<Config, StartError> {
     .map_err(|e| StartError::Config(e.to_string()))
 }
 
-async fn log_is_pristine(log: &LogStore, dir: &str) -> Result<bool, StartError> {
+/// What the log held when the replica started.
+struct LogAtStart {
+    /// No entry and no vote: a replica that never took part.
+    pristine: bool,
+    /// The term of the persisted vote and the last durable index (see [`StartFloor`]).
+    floor: StartFloor,
+}
+
+async fn log_at_start(log: &LogStore, dir: &str) -> Result<LogAtStart, StartError> {
     let mut log = log.clone();
     let err = |source| StartError::Log {
         dir: dir.to_string(),
@@ -113,7 +121,20 @@ async fn log_is_pristine(log: &LogStore, dir: &str) -> Result<bool, StartError> 
     };
     let state = log.get_log_state().await.map_err(err)?;
     let vote = log.read_vote().await.map_err(err)?;
-    Ok(state.last_log_id.is_none() && vote.is_none())
+    let committed = log.read_committed().await.map_err(err)?;
+    tracing::info!(
+        last_log = ?state.last_log_id,
+        ?committed,
+        ?vote,
+        "log at start"
+    );
+    Ok(LogAtStart {
+        pristine: state.last_log_id.is_none() && vote.is_none(),
+        floor: StartFloor {
+            term: vote.map_or(0, |v| v.leader_id().term),
+            index: state.last_log_id.map_or(0, |l| l.index),
+        },
+    })
 }
 
 impl Replica {
@@ -125,12 +146,12 @@ impl Replica {
         let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
         let (log, sm) = (opened.log, opened.state_machine);
         let dir = args.data_dir.display().to_string();
-        let pristine = log_is_pristine(&log, &dir).await?;
+        let at_start = log_at_start(&log, &dir).await?;
         identity::check_or_record(
             &args,
             &identity::RaftState {
                 fresh: opened.fresh,
-                pristine,
+                pristine: at_start.pristine,
             },
         )?;
         let reader = sm.reader();
@@ -148,8 +169,11 @@ impl Replica {
             .map_err(|e| StartError::Raft(format!("cannot start the Raft runtime: {e}")))?;
         let config = Arc::new(raft_config(&args)?);
         let id = args.id;
+        let peer_source = args.peer_source_ip;
         let raft = raft_runtime
-            .spawn(async move { Raft::new(id, config, Network::new(cluster_id), log, sm).await })
+            .spawn(async move {
+                Raft::new(id, config, Network::new(cluster_id, peer_source), log, sm).await
+            })
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?
             .map_err(|e| StartError::Raft(e.to_string()))?;
@@ -163,12 +187,19 @@ impl Replica {
             &mut tasks,
         );
         let read_index = ReadIndex::start(raft.clone(), args.id, &mut tasks);
-        let leader = LeaderWatch::start(&raft, args.id, args.leader_lease(), &mut tasks);
+        let leader = LeaderWatch::start(
+            &raft,
+            args.id,
+            args.leader_lease(),
+            at_start.floor,
+            &mut tasks,
+        );
         let router = Arc::new(Router::new(
             args.id,
             leader.clone(),
             args.leader_wait(),
             metrics.clone(),
+            args.peer_source_ip,
         ));
         let kv = Arc::new(KvCore {
             proposer: proposer.clone(),
@@ -236,7 +267,7 @@ impl Replica {
             sync_stats,
             cluster_id,
             contact,
-            pristine,
+            pristine: at_start.pristine,
             _tasks: tasks,
             raft_runtime: std::sync::Mutex::new(Some(raft_runtime)),
         })

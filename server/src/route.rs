@@ -3,10 +3,11 @@
 //! On the leader the request is served locally; on a follower it is forwarded to the leader over a
 //! cached channel, marked so that the leader never forwards it again. When the attempt fails with
 //! a retryable error (no leader, the leader changed, the leader became unreachable, a parked call
-//! lost its leader) the replica that received the request waits for the next leader and drives the
+//! lost its leader), or this replica stops believing in the leader it forwarded to, the replica that received the request waits for the next leader and drives the
 //! same request again, with the same request id, so a mutation still applies once and a parked
 //! call completes with the answer it would have had. Only when no leader can be reached for
-//! `leader_wait` does the caller see `UNAVAILABLE`.
+//! `leader_wait` (or no leader is known for [`NO_LEADER_WAIT`]) does the caller see
+//! `UNAVAILABLE`, and try another replica.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -43,13 +44,29 @@ pub struct Router {
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a replica that sees no leader at all holds a request before answering UNAVAILABLE
+/// (longer than an ordinary election, which ends well within it).
+const NO_LEADER_WAIT: Duration = Duration::from_millis(1500);
+/// How long a follower waits for the leader's answer to a forwarded call that should answer at
+/// once before it tells the client UNAVAILABLE (so the client tries another replica): past this,
+/// its link to the leader is likely cut in one direction. Calls that wait (see
+/// [`waits_on_the_service`]) are not limited.
+const QUICK_FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
+/// "No deadline" for a wait that ends on an event.
+const FOREVER: Duration = Duration::from_secs(86_400 * 365);
 
 impl Router {
-    pub fn new(me: u64, leader: LeaderWatch, leader_wait: Duration, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        me: u64,
+        leader: LeaderWatch,
+        leader_wait: Duration,
+        metrics: Arc<Metrics>,
+        source: Option<std::net::IpAddr>,
+    ) -> Self {
         Self {
             me,
             leader,
-            channels: PeerChannels::default(),
+            channels: PeerChannels::new(source),
             session: request_id::local_session(),
             leader_wait,
             metrics,
@@ -78,7 +95,9 @@ impl Router {
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = std::time::Instant::now();
-        let result = self.drive(kind, req, local, remote).await;
+        let result = self
+            .drive(kind, waits_on_the_service(method), req, local, remote)
+            .await;
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record_rpc(method, code, started.elapsed());
         result.map(Response::new)
@@ -87,6 +106,7 @@ impl Router {
     async fn drive<Req, Resp, L, LF, R, RF>(
         &self,
         kind: Kind,
+        waits: bool,
         req: Request<Req>,
         local: L,
         remote: R,
@@ -110,6 +130,7 @@ impl Router {
         let msg = req.into_inner();
 
         let mut failing_since: Option<Instant> = None;
+        let mut leaderless_since: Option<Instant> = None;
         let mut backoff = FIRST_BACKOFF;
         loop {
             let seen = self.leader.current();
@@ -136,7 +157,27 @@ impl Router {
                         }
                         .into());
                     }
-                    match self.forward(addr, &msg, id, &remote).await {
+                    // A forward lives only as long as this replica believes in that leader: one
+                    // that lost its leader (a one-way partition, a leader that stopped answering)
+                    // drives the request again instead of waiting on a call that may never come
+                    // back. The request id makes the second attempt safe.
+                    let patience = if waits {
+                        FOREVER
+                    } else {
+                        QUICK_FORWARD_TIMEOUT
+                    };
+                    let outcome = tokio::select! {
+                        r = self.forward(addr, &msg, id, &remote) => r,
+                        () = tokio::time::sleep(patience) => return Err(Status::unavailable(format!(
+                            "replica {} got no answer from leader {leader} within {} ms; try another replica",
+                            self.me,
+                            patience.as_millis()
+                        ))),
+                        now = self.leader.changed_from(&seen, Instant::now() + FOREVER) => Err(Status::unavailable(format!(
+                            "the leader this replica forwarded to is no longer its leader (now {now:?})"
+                        ))),
+                    };
+                    match outcome {
                         Ok(resp) => return Ok(resp),
                         Err(s) if coord_proto::metadata::is_retryable(&s) => s,
                         Err(s) => return Err(s),
@@ -154,7 +195,15 @@ impl Router {
                 }
             };
             let since = *failing_since.get_or_insert_with(Instant::now);
-            let give_up_at = since + self.leader_wait;
+            let mut give_up_at = since + self.leader_wait;
+            if seen == Leadership::Unknown {
+                // Without a leader in sight for a while, this replica is likely cut off (a
+                // candidate that cannot win); the client does better trying another replica.
+                give_up_at = give_up_at
+                    .min(*leaderless_since.get_or_insert_with(Instant::now) + NO_LEADER_WAIT);
+            } else {
+                leaderless_since = None;
+            }
             if Instant::now() >= give_up_at {
                 return Err(Status::unavailable(format!(
                     "no leader could serve the request for {} ms (replica {} sees: {:?}); last error: {}",
@@ -205,4 +254,13 @@ impl Router {
         }
         s
     }
+}
+
+/// Calls that may legitimately wait on the service for long: a follower forwarding them does not
+/// time them out.
+fn waits_on_the_service(method: &str) -> bool {
+    matches!(
+        method,
+        "GetKeyValue" | "Barrier" | "WaitForAllTasks" | "ShutdownTask" | "PollForError"
+    )
 }

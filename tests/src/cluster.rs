@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::chaos::netproxy::{source_ip, NetProxy};
 use crate::http;
 
 /// What `/status` says (the fields tests look at).
@@ -34,6 +35,8 @@ pub struct ClusterOptions {
     pub extra_args: Vec<String>,
     /// `RUST_LOG` for the replicas.
     pub log_filter: String,
+    /// Put a [`NetProxy`] between the replicas so that tests can cut links.
+    pub proxied: bool,
 }
 
 impl Default for ClusterOptions {
@@ -42,13 +45,17 @@ impl Default for ClusterOptions {
             replicas: 3,
             extra_args: Vec::new(),
             log_filter: "info,openraft=warn,sled=warn,h2=warn".into(),
+            proxied: false,
         }
     }
 }
 
 pub struct ReplicaProc {
     pub id: u64,
+    /// Where the replica listens (and clients connect).
     pub grpc: SocketAddr,
+    /// Where the other replicas reach it (its proxy, when the cluster is proxied).
+    pub peer: SocketAddr,
     pub http: SocketAddr,
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
@@ -61,6 +68,7 @@ pub struct Cluster {
     pub replicas: Vec<ReplicaProc>,
     initial_cluster: String,
     options: ClusterOptions,
+    proxy: Option<NetProxy>,
 }
 
 /// The `coordinator` binary of this workspace, built if needed (once per test process).
@@ -125,14 +133,20 @@ impl Cluster {
             .tempdir()
             .expect("temp dir");
         let root = dir.path().to_path_buf();
-        let ports = free_ports(options.replicas * 2);
+        let ports = free_ports(options.replicas * 3);
         let replicas: Vec<ReplicaProc> = (0..options.replicas)
             .map(|i| {
                 let id = i as u64 + 1;
+                let grpc = SocketAddr::from(([127, 0, 0, 1], ports[3 * i]));
                 ReplicaProc {
                     id,
-                    grpc: SocketAddr::from(([127, 0, 0, 1], ports[2 * i])),
-                    http: SocketAddr::from(([127, 0, 0, 1], ports[2 * i + 1])),
+                    grpc,
+                    peer: if options.proxied {
+                        SocketAddr::from(([127, 0, 0, 1], ports[3 * i + 2]))
+                    } else {
+                        grpc
+                    },
+                    http: SocketAddr::from(([127, 0, 0, 1], ports[3 * i + 1])),
                     data_dir: root.join(format!("data-{id}")),
                     log_path: root.join(format!("replica-{id}.log")),
                     child: None,
@@ -141,15 +155,20 @@ impl Cluster {
             .collect();
         let initial_cluster = replicas
             .iter()
-            .map(|r| format!("{}={}", r.id, r.grpc))
+            .map(|r| format!("{}={}", r.id, r.peer))
             .collect::<Vec<_>>()
             .join(",");
+        let proxy = options.proxied.then(|| {
+            let targets: Vec<_> = replicas.iter().map(|r| (r.id, r.peer, r.grpc)).collect();
+            NetProxy::start(&targets).expect("start the network proxies")
+        });
         let mut c = Self {
             dir: Some(dir),
             root,
             replicas,
             initial_cluster,
             options,
+            proxy,
         };
         for id in c.ids() {
             c.spawn(id);
@@ -211,8 +230,18 @@ impl Cluster {
             "--data-dir".into(),
             r.data_dir.display().to_string(),
         ];
+        if self.options.proxied {
+            args.extend(["--peer-source-ip".into(), source_ip(id).to_string()]);
+        }
         args.extend(self.options.extra_args.iter().cloned());
         args
+    }
+
+    /// The network between the replicas (only for a proxied cluster).
+    pub fn net(&self) -> &NetProxy {
+        self.proxy
+            .as_ref()
+            .expect("the cluster was started without proxies")
     }
 
     /// Starts (or restarts) replica `id` with its usual flags; its output goes to its log file.
@@ -265,6 +294,30 @@ impl Cluster {
         let _ = c.kill();
         let _ = c.wait();
         None
+    }
+
+    /// SIGSTOP: the replica freezes (a stalled VM, a GC pause) but keeps its sockets.
+    pub fn pause(&self, id: u64) {
+        self.signal(id, "-STOP");
+    }
+
+    /// SIGCONT after [`Cluster::pause`].
+    pub fn resume(&self, id: u64) {
+        self.signal(id, "-CONT");
+    }
+
+    fn signal(&self, id: u64, sig: &str) {
+        if let Some(pid) = self.pid(id) {
+            let _ = Command::new("kill").arg(sig).arg(pid.to_string()).status();
+        }
+    }
+
+    /// Keeps the cluster's directory (data, logs) after the cluster is dropped; returns it.
+    pub fn persist(&mut self) -> PathBuf {
+        if let Some(dir) = self.dir.take() {
+            let _ = dir.keep();
+        }
+        self.root.clone()
     }
 
     /// The process id of replica `id`, if it runs.

@@ -1,5 +1,7 @@
 //! coord-tests: multi-process tests and benchmarks of coord.
 //!
+//! - [`chaos`]: fault injection (crashes, pauses, partitions from a seeded schedule), histories and
+//!   their checkers (linearizability, barriers, lost writes).
 //! - [`cluster`]: starts real `coordinator` processes on free loopback ports with data in a temp
 //!   dir, restarts and kills them, polls `/status`; kills what it started when dropped, and keeps
 //!   the logs and data of a failed test.
@@ -10,6 +12,7 @@
 //!   etcd 3.4).
 
 pub mod bench;
+pub mod chaos;
 pub mod cluster;
 pub mod coord_suite;
 pub mod http;

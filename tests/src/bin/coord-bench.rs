@@ -38,6 +38,41 @@ enum Cmd {
     /// Many simulated tasks heartbeating once a second: register, WaitForAllTasks, one barrier
     /// across all; leader CPU and memory.
     Tasks(TasksArgs),
+    /// Seeded fault-injection runs (crashes, pauses, partitions) checked for linearizability,
+    /// barrier safety, lost writes and the task incarnation rules.
+    Chaos(ChaosArgs),
+    /// The crash-consistency loop: load, kill -9 one or all replicas, restart, verify.
+    Crash(CrashArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct ChaosArgs {
+    /// Runs; run i uses seed `seed + i`.
+    #[arg(long, default_value_t = 1)]
+    runs: u64,
+    /// Length of each run.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// The first run's seed (a failed run prints its seed; pass it here to replay it).
+    #[arg(long, default_value_t = 1000)]
+    seed: u64,
+    /// Keep going after a run with anomalies.
+    #[arg(long)]
+    keep_going: bool,
+}
+
+#[derive(clap::Args, Clone)]
+struct CrashArgs {
+    #[arg(long, default_value_t = 500)]
+    cycles: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Clients writing during each cycle.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// The share of cycles that kill all three replicas (the rest kill one at random).
+    #[arg(long, default_value_t = 0.3)]
+    kill_all_ratio: f64,
 }
 
 #[derive(clap::Args, Clone)]
@@ -170,6 +205,16 @@ async fn main() {
         Cmd::Tasks(args) => {
             if let Err(e) = tasks(args).await {
                 eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Chaos(args) => {
+            if !chaos(args).await {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Crash(args) => {
+            if !crash(args).await {
                 std::process::exit(1);
             }
         }
@@ -534,4 +579,60 @@ async fn failover_bench(args: FailoverArgs) -> Result<(), String> {
     );
     println!("| agents that did not recover within 30 s | {stuck} | 0 |");
     Ok(())
+}
+
+/// Runs the chaos schedules one after another; true when every run was clean.
+async fn chaos(args: ChaosArgs) -> bool {
+    use coord_tests::chaos::runner::{run, RunOptions};
+    let started = std::time::Instant::now();
+    let (mut clean, mut ops, mut unknown, mut faults) = (0u64, 0usize, 0usize, 0usize);
+    let mut failed = Vec::new();
+    for i in 0..args.runs {
+        let seed = args.seed + i;
+        let report = run(&RunOptions::new(seed, Duration::from_secs(args.seconds))).await;
+        println!("run {}/{}: {}", i + 1, args.runs, report.summary());
+        for a in &report.anomalies {
+            println!("  anomaly: {a}");
+        }
+        ops += report.kv_ops;
+        unknown += report.kv_unknown;
+        faults += report.faults;
+        if report.anomalies.is_empty() {
+            clean += 1;
+        } else {
+            failed.push(seed);
+            if !args.keep_going {
+                break;
+            }
+        }
+    }
+    println!(
+        "chaos: {clean} clean runs of {} s, {} with anomalies (seeds {failed:?}); {faults} faults, {ops} kv operations checked ({unknown} unknown); {:.0} s",
+        args.seconds,
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    failed.is_empty()
+}
+
+/// Runs the crash-consistency loop; true when it found nothing.
+async fn crash(args: CrashArgs) -> bool {
+    use coord_tests::chaos::crash::{crash_loop, CrashOptions};
+    let started = std::time::Instant::now();
+    let report = crash_loop(&CrashOptions {
+        cycles: args.cycles,
+        seed: args.seed,
+        clients: args.clients,
+        kill_all_ratio: args.kill_all_ratio,
+    })
+    .await;
+    println!(
+        "crash: {} ({:.0} s)",
+        report.summary(),
+        started.elapsed().as_secs_f64()
+    );
+    for a in &report.anomalies {
+        println!("  anomaly: {a}");
+    }
+    report.anomalies.is_empty()
 }
