@@ -3,6 +3,8 @@
 //! - [`agent`]: [`Agent`], TensorFlow's coordination agent (seed 000) over a whole ensemble: task
 //!   state machine, heartbeats, error callback, key-value, barriers, watches.
 //! - [`blocking`]: [`BlockingAgent`], the same for callers without an async runtime.
+//! - [`preemption`]: TensorFlow's preemption sync (seed 004), run again for every preemption of
+//!   a job whose service outlives its tasks.
 //! - [`watch`]: key watches that resume across leader changes without losing or repeating a
 //!   change.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
@@ -12,6 +14,7 @@
 pub mod agent;
 pub mod blocking;
 pub mod client;
+pub mod preemption;
 pub mod watch;
 
 pub use agent::{Agent, AgentConfig, AgentState, TaskStatus};

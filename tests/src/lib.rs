@@ -7,6 +7,8 @@
 //!   the logs and data of a failed test.
 //! - [`coord_suite`]: the coordination service's behaviour suite, run against 1- and 3-replica
 //!   ensembles.
+//! - [`demo`]: `coord-demo`, a training job that survives the preemption of its chief (and the
+//!   multi-process preemption scenarios).
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
 //! - [`bench`]: coord-bench's load generators, failover measurement, and its targets (coord and
 //!   etcd 3.4).
@@ -15,6 +17,7 @@ pub mod bench;
 pub mod chaos;
 pub mod cluster;
 pub mod coord_suite;
+pub mod demo;
 pub mod http;
 
 pub use cluster::{Cluster, ClusterOptions};
