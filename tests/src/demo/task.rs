@@ -106,18 +106,9 @@ pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
         tl.say(format!(
             "restored checkpoint of step {resume}; waiting for everyone"
         ));
-        if let Err(e) = agent
-            .wait_at_barrier(
-                &format!("demo/resume/{resume}"),
-                Duration::from_secs(120),
-                &[],
-            )
-            .await
-        {
-            tl.say(format!("resume barrier failed: {}", e.message()));
+        if !resume_together(&agent, &tl, resume).await {
             return 2;
         }
-        tl.say(format!("resumed together after step {resume}"));
     } else {
         tl.say("starting at step 1");
     }
@@ -203,23 +194,32 @@ pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
             return 0;
         }
         tl.say(format!("waiting for everyone at step {step}"));
-        if let Err(e) = agent
-            .wait_at_barrier(
-                &format!("demo/resume/{step}"),
-                Duration::from_secs(120),
-                &[],
-            )
-            .await
-        {
-            tl.say(format!("resume barrier failed: {}", e.message()));
+        if !resume_together(&agent, &tl, step).await {
             return 2;
         }
-        tl.say(format!("resumed together after step {step}"));
     }
     tl.say(format!("done at step {}", args.steps));
     drop(psm);
     let _ = agent.shutdown().await;
     0
+}
+
+/// Waits until every task is at the checkpoint of `step` (the preempted ones restarted).
+async fn resume_together(agent: &Agent, tl: &Timeline, step: i64) -> bool {
+    let barrier = format!("demo/resume/{step}");
+    match agent
+        .wait_at_barrier(&barrier, Duration::from_secs(120), &[])
+        .await
+    {
+        Ok(()) => {
+            tl.say(format!("resumed together after step {step}"));
+            true
+        }
+        Err(e) => {
+            tl.say(format!("resume barrier failed: {}", e.message()));
+            false
+        }
+    }
 }
 
 /// Writes the checkpoint marker (a file in the task's directory, and the job-wide record).
