@@ -83,10 +83,10 @@ pub struct SigtermNotifier {
 
 impl PreemptionNotifier for SigtermNotifier {
     fn start(self: Box<Self>, notices: mpsc::UnboundedSender<SystemTime>) -> JoinHandle<()> {
+        // Installed before `start` returns: from then on SIGTERM no longer kills the process.
+        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
         tokio::spawn(async move {
-            let mut term = match tokio::signal::unix::signal(
-                tokio::signal::unix::SignalKind::terminate(),
-            ) {
+            let mut term = match term {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot listen for SIGTERM; preemption notices will not arrive");
@@ -175,7 +175,9 @@ impl Drop for PreemptionSyncManager {
 /// What the protocol reports as it goes (for logs and the demo's timeline).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PreemptionEvent {
-    /// This task's notifier fired; the notice was published (or another task's already was).
+    /// This task's notifier fired: it will be preempted at `death_time`.
+    Notified { death_time: String },
+    /// This task's notice was published (or another task's already was).
     NoticeSent { death_time: String },
     /// A notice (from any task) was seen; round `round` begins.
     NoticeReceived { round: u64, death_time: String },
@@ -236,6 +238,9 @@ async fn publish_notices(
 ) {
     while let Some(death) = rx.recv().await {
         let text = format_death_time(death);
+        on_event(PreemptionEvent::Notified {
+            death_time: text.clone(),
+        });
         if publish(&agent, &text).await {
             on_event(PreemptionEvent::NoticeSent { death_time: text });
         }

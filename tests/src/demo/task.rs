@@ -7,12 +7,11 @@
 //! one timeline line (`<seconds since the job's epoch> <task> <event>`).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coord_agent::preemption::{
-    format_death_time, ManualNotifier, PreemptionEvent, PreemptionOptions, PreemptionSyncManager,
+    parse_death_time, PreemptionEvent, PreemptionOptions, PreemptionSyncManager, SigtermNotifier,
 };
 use coord_agent::{Agent, AgentConfig};
 
@@ -109,18 +108,24 @@ pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
         if !resume_together(&agent, &tl, resume).await {
             return 2;
         }
-    } else {
-        tl.say("starting at step 1");
     }
 
-    let (notifier, notice) = ManualNotifier::new();
+    // SIGTERM means preemption, `grace` later.
+    let preempted_at: Arc<std::sync::Mutex<Option<SystemTime>>> = Arc::default();
     let ev_tl = tl.clone();
+    let at = preempted_at.clone();
     let psm = PreemptionSyncManager::start(
         agent.clone(),
-        Box::new(notifier),
+        Box::new(SigtermNotifier { grace: args.grace }),
         PreemptionOptions::default(),
         move |e| {
             let line = match e {
+                PreemptionEvent::Notified { death_time } => {
+                    if let Ok(t) = parse_death_time(&death_time) {
+                        *at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(t);
+                    }
+                    format!("got SIGTERM: preempted at {death_time}")
+                }
                 PreemptionEvent::NoticeSent { death_time } => {
                     format!("published preemption notice (death time {death_time})")
                 }
@@ -138,40 +143,8 @@ pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
         },
     );
 
-    // SIGTERM: this task will be preempted.
-    let preempted_at: Arc<std::sync::Mutex<Option<SystemTime>>> = Arc::default();
-    let got_term = Arc::new(AtomicBool::new(false));
-    {
-        let (tl, preempted_at, got_term, grace) = (
-            tl.clone(),
-            preempted_at.clone(),
-            got_term.clone(),
-            args.grace,
-        );
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tl.say(format!("cannot listen for SIGTERM: {e}"));
-                    return 2;
-                }
-            };
-        tokio::spawn(async move {
-            while term.recv().await.is_some() {
-                let death = SystemTime::now() + grace;
-                tl.say(format!(
-                    "got SIGTERM: preempted at {}",
-                    format_death_time(death)
-                ));
-                *preempted_at
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(death);
-                got_term.store(true, Ordering::SeqCst);
-                notice.notify(death);
-            }
-        });
-    }
-
+    // SIGTERM is handled from here on.
+    tl.say(format!("starting at step {}", resume + 1));
     for step in resume + 1..=args.steps {
         tokio::time::sleep(args.step_time).await;
         let death = *preempted_at
@@ -189,7 +162,7 @@ pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
             return 2;
         }
         tl.say(format!("checkpoint at step {step}"));
-        if got_term.load(Ordering::SeqCst) {
+        if death.is_some() {
             tl.say(format!("exiting for preemption after step {step}"));
             return 0;
         }
