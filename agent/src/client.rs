@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use coord_proto::coord::admin::admin_client::AdminClient;
-use coord_proto::coord::admin::{ShutdownServiceRequest, StatusReply, StatusRequest};
+use coord_proto::coord::admin::{
+    AddMemberRequest, Member, RemoveMemberRequest, ShutdownServiceRequest, StatusReply,
+    StatusRequest,
+};
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
     GetTaskStateRequest, GetTaskStateResponse, PollForErrorRequest, PollForErrorResponse,
@@ -140,6 +143,60 @@ impl CoordClient {
         let mut req = Request::new(StatusRequest {});
         req.set_timeout(Duration::from_secs(2));
         Ok(AdminClient::new(ch.clone()).status(req).await?.into_inner())
+    }
+
+    /// Adds replica `id` (running, started with `--join`) at `addr`; returns the new membership.
+    pub async fn add_member(&self, id: u64, addr: &str) -> Result<Vec<Member>, Status> {
+        let req = AddMemberRequest {
+            id,
+            addr: addr.to_string(),
+        };
+        let reply = self
+            .call_parked(req, None, |ch, r| async move {
+                AdminClient::new(ch).add_member(r).await
+            })
+            .await?;
+        Ok(reply.members)
+    }
+
+    /// Removes replica `id`; returns the new membership.
+    ///
+    /// A membership change has no request id: when the replica that forwarded the first attempt
+    /// is the one removed, it cannot deliver the answer, and the retry finds the replica gone
+    /// (NOT_FOUND). So the membership is read first: an unknown id is NOT_FOUND at once, and a
+    /// NOT_FOUND from the change itself, for a replica that was a member, means it is removed.
+    pub async fn remove_member(&self, id: u64) -> Result<Vec<Member>, Status> {
+        let before = self.members().await?;
+        if !before.iter().any(|m| m.id == id) {
+            let ids: Vec<u64> = before.iter().map(|m| m.id).collect();
+            return Err(Status::not_found(format!(
+                "replica {id} is not a member (members: {ids:?})"
+            )));
+        }
+        let reply = self
+            .call_parked(RemoveMemberRequest { id }, None, |ch, r| async move {
+                AdminClient::new(ch).remove_member(r).await
+            })
+            .await;
+        match reply {
+            Ok(r) => Ok(r.members),
+            Err(e) if e.code() == Code::NotFound => self.members().await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The membership, as the leader (or, failing that, any replica) reports it.
+    pub async fn members(&self) -> Result<Vec<Member>, Status> {
+        let mut any = None;
+        for i in 0..self.inner.endpoints.len() {
+            if let Ok(s) = self.status_of(i).await {
+                if s.state == "Leader" {
+                    return Ok(s.members);
+                }
+                any.get_or_insert(s.members);
+            }
+        }
+        any.ok_or_else(|| Status::unavailable("no replica answered"))
     }
 
     fn index_of(&self, addr: &str) -> Option<usize> {
@@ -465,6 +522,27 @@ impl CoordClient {
         .map(|_| ())
     }
 
+    /// Sends a call of any coord service with this client's failover. A `mutation` gets a request
+    /// id, so however often it is re-sent it applies once; a call that `waits` on the service
+    /// (barrier, blocking get, error poll) has no attempt timeout. This is what a proxy in front of
+    /// the ensemble uses.
+    pub async fn forward<Req, Resp, F, Fut>(
+        &self,
+        req: Req,
+        mutation: bool,
+        waits: bool,
+        f: F,
+    ) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let ticket = mutation.then(|| self.inner.session.begin());
+        let limit = (!waits).then_some(self.inner.options.attempt_timeout);
+        self.call_with(req, ticket.as_ref(), limit, f).await
+    }
+
     /// A call that answers at once (see [`ClientOptions::attempt_timeout`]).
     async fn call<Req, Resp, F, Fut>(
         &self,
@@ -517,6 +595,10 @@ impl CoordClient {
             if let Some(t) = ticket {
                 t.id.write(r.metadata_mut());
             }
+            r.metadata_mut().insert(
+                coord_proto::metadata::FAILS_OVER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
             let attempt = f(self.inner.channels[at].clone(), r);
             let answer = match attempt_timeout {
                 None => attempt.await,

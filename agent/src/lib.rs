@@ -7,6 +7,8 @@
 //!   a job whose service outlives its tasks.
 //! - [`watch`]: key watches that resume across leader changes without losing or repeating a
 //!   change.
+//! - [`xla_proxy`]: coord-proxy's service, which lets unmodified jaxlib clients use the ensemble
+//!   and survive its failovers.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
 //!   once and a caller sees an error only when no replica could serve it for a configurable time.
@@ -16,6 +18,7 @@ pub mod blocking;
 pub mod client;
 pub mod preemption;
 pub mod watch;
+pub mod xla_proxy;
 
 pub use agent::{Agent, AgentConfig, AgentState, TaskStatus};
 pub use blocking::BlockingAgent;

@@ -2,6 +2,8 @@
 //!
 //! - [`tensorflow`]: `tensorflow.CoordinationService`, the seed schema plus the fields TensorFlow
 //!   added later (`allow_overwrite`, barrier `counter`).
+//! - [`xla::coordination`]: `xla.coordination.CoordinationService`, what jaxlib 0.10+ speaks;
+//!   [`tensorflow::distributed_runtime`] carries its error details.
 //! - [`coord::raft`]: the Raft transport between replicas.
 //! - [`coord::admin`]: ensemble status, service shutdown (and membership, later).
 //! - [`coord::coordination`]: error polling and task states, beside the TF service.
@@ -13,6 +15,19 @@
 
 pub mod tensorflow {
     tonic::include_proto!("tensorflow");
+
+    /// `GrpcPayloadContainer`: the error details TensorFlow and XLA put in
+    /// `grpc-status-details-bin`.
+    pub mod distributed_runtime {
+        tonic::include_proto!("tensorflow.distributed_runtime");
+    }
+}
+
+/// `xla.coordination.CoordinationService`: the service jaxlib 0.10+ clients speak.
+pub mod xla {
+    pub mod coordination {
+        tonic::include_proto!("xla.coordination");
+    }
 }
 
 pub mod coord {

@@ -37,6 +37,10 @@ pub fn is_retryable(s: &tonic::Status) -> bool {
 }
 /// On `UNAVAILABLE`: who leads, so the client can go there.
 pub const LEADER_ID: &str = "coord-leader-id";
+/// Sent by clients that answer `UNAVAILABLE` by trying another replica (coord's own clients).
+/// A client without it (jaxlib's) takes `UNAVAILABLE` as fatal, so a replica holds its call
+/// through elections instead.
+pub const FAILS_OVER: &str = "coord-fails-over";
 pub const LEADER_ADDR: &str = "coord-leader-addr";
 
 /// A mutation's request id as it travels.

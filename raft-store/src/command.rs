@@ -8,7 +8,7 @@ use std::fmt;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::state::{ClusterConfig, Code, DeviceInfo, Outcome, TaskName};
+use crate::state::{AliveAnswer, ClusterConfig, Code, DeviceInfo, Outcome, TaskName};
 
 /// The payload of one Raft entry: a batch of commands proposed together.
 ///
@@ -143,6 +143,18 @@ pub enum Op {
     ShutdownService {
         reason: String,
     },
+    /// Registers the task, then waits at the register barrier of `participants` (XLA's
+    /// `cluster_register_with_barrier`): registration returns once they all registered.
+    RegisterAtBarrier {
+        task: TaskName,
+        incarnation: u64,
+        participants: Vec<TaskName>,
+    },
+    /// XLA's GetAliveTasks: `source` waits until every live task of `tasks` asked.
+    GetAliveTasks {
+        source: TaskName,
+        tasks: Vec<TaskName>,
+    },
 }
 
 impl fmt::Display for Op {
@@ -179,6 +191,12 @@ impl fmt::Display for Op {
             Op::CancelBarrier { id, counter, .. } => write!(f, "cancel_barrier({id:?}#{counter})"),
             Op::ExpireBarrier { id, counter } => write!(f, "expire_barrier({id:?}#{counter})"),
             Op::ShutdownService { .. } => write!(f, "shutdown_service"),
+            Op::RegisterAtBarrier {
+                task, incarnation, ..
+            } => write!(f, "register_at_barrier({task}, {incarnation:#x})"),
+            Op::GetAliveTasks { source, tasks } => {
+                write!(f, "get_alive_tasks({source}, {} tasks)", tasks.len())
+            }
         }
     }
 }
@@ -201,6 +219,11 @@ pub enum Output {
     Barrier {
         counter: i64,
         outcome: Option<Outcome>,
+    },
+    /// The caller's GetAliveTasks round, and its answer if the round finished.
+    Alive {
+        generation: u64,
+        answer: Option<AliveAnswer>,
     },
 }
 

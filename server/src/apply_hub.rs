@@ -20,6 +20,8 @@ pub type KvWaiters = WaitRegistry<String, Bytes>;
 pub type BarrierWaiters = WaitRegistry<(String, i64), ()>;
 /// Error polls; woken with the sequence number of each new error.
 pub type ErrorWaiters = WaitRegistry<(), u64>;
+/// Task watches (XLA's WatchTasks); woken whenever a task's record changed.
+pub type TaskWaiters = WaitRegistry<(), ()>;
 
 /// A barrier instance with a deadline, for the leader's timer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +35,7 @@ pub struct ApplyHub {
     pub kv: Arc<KvWaiters>,
     pub barriers: Arc<BarrierWaiters>,
     pub errors: Arc<ErrorWaiters>,
+    pub tasks: Arc<TaskWaiters>,
     /// Key-value changes for watches.
     pub watches: Arc<WatchHub>,
     /// Read access to the state, set once storage is open (to restart watch history after a
@@ -51,6 +54,7 @@ impl ApplyHub {
             kv: Arc::default(),
             barriers: Arc::default(),
             errors: Arc::default(),
+            tasks: Arc::default(),
             watches: Arc::default(),
             reader: std::sync::OnceLock::new(),
             deadlines_tx,
@@ -76,7 +80,7 @@ impl ApplyHub {
 
     /// Every parked call, of every kind.
     pub fn parked(&self) -> usize {
-        self.kv.len() + self.barriers.len() + self.errors.len()
+        self.kv.len() + self.barriers.len() + self.errors.len() + self.tasks.len()
     }
 
     /// This replica stopped leading: every parked call fails so that it is re-driven elsewhere.
@@ -84,6 +88,7 @@ impl ApplyHub {
         self.kv.wake_all(|| Wake::LeaderLost);
         self.barriers.wake_all(|| Wake::LeaderLost);
         self.errors.wake_all(|| Wake::LeaderLost);
+        self.tasks.wake_all(|| Wake::LeaderLost);
     }
 }
 
@@ -116,6 +121,7 @@ impl ApplyListener for ApplyHub {
                     self.barriers.wake(&(id.clone(), *counter), &())
                 }
                 Change::ErrorRaised { seq } => self.errors.wake(&(), seq),
+                Change::TaskChanged { .. } => self.tasks.wake(&(), &()),
                 Change::BarrierStarted {
                     id,
                     counter,
@@ -139,6 +145,7 @@ impl ApplyListener for ApplyHub {
         self.kv.wake_all(|| Wake::Recheck);
         self.barriers.wake_all(|| Wake::Recheck);
         self.errors.wake_all(|| Wake::Recheck);
+        self.tasks.wake_all(|| Wake::Recheck);
         if let Some(reader) = self.reader.get() {
             self.watches
                 .restart_at(reader.read(|a| a.state.kv.revision()));

@@ -31,6 +31,12 @@ pub struct Args {
     #[arg(long, value_parser = parse_initial_cluster)]
     pub initial_cluster: InitialCluster,
 
+    /// Join a running ensemble instead of bootstrapping one: the replica waits until the leader
+    /// adds it (`coordctl member add`). Give the ensemble's own --initial-cluster (it names the
+    /// ensemble); this replica's id must not be in it.
+    #[arg(long)]
+    pub join: bool,
+
     /// Where this replica keeps its Raft log, vote and snapshots.
     #[arg(long)]
     pub data_dir: PathBuf,
@@ -98,6 +104,12 @@ pub struct Args {
     /// (0 = each task disconnects at once).
     #[arg(long, default_value_t = 0)]
     pub shutdown_barrier_timeout_ms: u64,
+
+    /// The job whose tasks XLA's integer task ids name on `xla.coordination.CoordinationService`
+    /// (default: the first --job, or the first job of --cluster-config in name order). Give
+    /// every replica the same value.
+    #[arg(long)]
+    pub xla_job: Option<String>,
 
     /// A job whose tasks may restart without failing the others (repeatable).
     #[arg(long = "recoverable-job")]
@@ -180,7 +192,13 @@ fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
 impl Args {
     /// Checks the combination of flags; the message says which flag to fix.
     pub fn validate(&self) -> Result<(), String> {
-        if !self.initial_cluster.0.contains_key(&self.id) {
+        if self.join && self.initial_cluster.0.contains_key(&self.id) {
+            return Err(format!(
+                "--join: replica {} is one of the ensemble's initial replicas; a joining replica needs an id of its own",
+                self.id
+            ));
+        }
+        if !self.join && !self.initial_cluster.0.contains_key(&self.id) {
             return Err(format!(
                 "--id {} is not one of the replicas in --initial-cluster ({})",
                 self.id,

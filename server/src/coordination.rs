@@ -6,19 +6,21 @@
 //! what they wait for. A parked call that loses its leader fails `LeaderChanged` and routing
 //! re-drives it on the new leader, where the committed arrival is found again.
 
+use std::hash::Hash;
 use std::sync::Arc;
 
 use coord_raft_store::state::{
-    Cluster, Code, DeviceInfo, ErrorEvent, Outcome, TaskName, TaskRecord, TaskState,
-    SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
+    alive_set_key, alive_wait_key, AliveAnswer, Cluster, Code, DeviceInfo, ErrorEvent, Outcome,
+    TaskName, TaskRecord, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER,
+    WAIT_FOR_ALL_TASKS_BARRIER,
 };
-use coord_raft_store::storage::StateReader;
+use coord_raft_store::storage::{Applied, StateReader};
 use coord_raft_store::{Command, Op, OpError, Output, RequestId};
 
 use crate::apply_hub::ApplyHub;
 use crate::error::CoordError;
 use crate::heartbeats::Heartbeats;
-use crate::parked::Wake;
+use crate::parked::{WaitRegistry, Wake};
 use crate::proposer::Proposer;
 use crate::read_index::ReadIndex;
 
@@ -76,6 +78,120 @@ impl CoordCore {
             }
             other => Err(unexpected("RegisterTask", &other)),
         }
+    }
+
+    /// Registers the task and waits until every one of `participants` registered (XLA's register
+    /// barrier); returns the service incarnation.
+    pub async fn register_at_barrier(
+        &self,
+        id: Option<RequestId>,
+        task: TaskName,
+        incarnation: u64,
+        participants: Vec<TaskName>,
+    ) -> Result<u64, CoordError> {
+        let epoch = self.hub.barriers.epoch();
+        let op = Op::RegisterAtBarrier {
+            task: task.clone(),
+            incarnation,
+            participants,
+        };
+        let outcome = match self.commit(id, op).await? {
+            Output::Barrier {
+                outcome: Some(o), ..
+            } => o,
+            Output::Barrier {
+                counter,
+                outcome: None,
+            } => {
+                // Registered: it counts as a heartbeat while the others arrive.
+                self.heartbeats.record(&task, incarnation);
+                self.await_barrier(REGISTER_BARRIER, counter, epoch).await?
+            }
+            other => return Err(unexpected("RegisterAtBarrier", &other)),
+        };
+        if let Outcome::Failed { code, message } = outcome {
+            return Err(op_status(code, message));
+        }
+        self.heartbeats.record(&task, incarnation);
+        self.service_incarnation()
+    }
+
+    /// The cluster's service incarnation (the same on every replica, forever).
+    pub fn service_incarnation(&self) -> Result<u64, CoordError> {
+        self.with_cluster(|c| c.service_incarnation)
+    }
+
+    /// XLA's GetAliveTasks: waits until every live task of `tasks` asked; returns the live ones
+    /// with their incarnations.
+    pub async fn get_alive(
+        &self,
+        id: Option<RequestId>,
+        source: TaskName,
+        tasks: Vec<TaskName>,
+    ) -> Result<AliveAnswer, CoordError> {
+        let epoch = self.hub.barriers.epoch();
+        let set = alive_set_key(&tasks);
+        let generation = match self.commit(id, Op::GetAliveTasks { source, tasks }).await? {
+            Output::Alive {
+                answer: Some(a), ..
+            } => return Ok(a),
+            Output::Alive {
+                generation,
+                answer: None,
+            } => generation,
+            other => return Err(unexpected("GetAliveTasks", &other)),
+        };
+        let key = (alive_wait_key(&set), generation as i64);
+        self.park_until(&self.hub.barriers, &key, epoch, |a| {
+            let c = a.state.cluster.as_ref()?;
+            c.alive.answer(&set, generation).cloned()
+        })
+        .await
+    }
+
+    /// XLA's WatchTasks: the records of `tasks` and the task version, at once if `version`
+    /// differs from the current one, else after the next change.
+    pub async fn watch_tasks(
+        &self,
+        tasks: &[TaskName],
+        version: i64,
+    ) -> Result<(i64, Vec<(TaskName, TaskRecord)>), CoordError> {
+        let epoch = self.hub.tasks.epoch();
+        self.read_index.linearize().await?;
+        self.park_until(&self.hub.tasks, &(), epoch, |a| {
+            let Some(c) = a.state.cluster.as_ref() else {
+                return Some(Err(CoordError::from(OpError::NoCluster)));
+            };
+            let current = c.task_version as i64;
+            (current != version).then(|| {
+                let records = tasks
+                    .iter()
+                    .filter_map(|t| c.tasks.get(t).map(|r| (t.clone(), r.clone())))
+                    .collect();
+                Ok((current, records))
+            })
+        })
+        .await?
+    }
+
+    /// XLA's PollForError: the first error `task` must learn of since it last registered.
+    pub async fn poll_error_since_register(
+        &self,
+        task: TaskName,
+    ) -> Result<ErrorEvent, CoordError> {
+        self.read_index.linearize().await?;
+        let after = self.with_cluster(|c| match c.tasks.get(&task) {
+            None => Err(op_status(
+                Code::InvalidArgument,
+                c.config.why_unknown(&task),
+            )),
+            Some(r) if r.state == TaskState::Disconnected => Err(op_status(
+                Code::FailedPrecondition,
+                format!("task {task} polls for errors but is not registered"),
+            )),
+            Some(r) => Ok(r.errors_seen_at_register),
+        })??;
+        self.poll_error(task, after).await
     }
 
     /// Answers a heartbeat from leader memory; returns the service incarnation. The task's state
@@ -270,26 +386,39 @@ impl CoordCore {
         epoch: u64,
     ) -> Result<Outcome, CoordError> {
         let key = (barrier.to_string(), counter);
+        self.park_until(&self.hub.barriers, &key, epoch, |a| {
+            let c = a.state.cluster.as_ref()?;
+            c.barriers.get(barrier)?.outcome_of(counter).cloned()
+        })
+        .await
+    }
+
+    /// Parks on `key` of `registry` until `check` finds what the caller waits for in the applied
+    /// state (it is asked again at every wake). Losing leadership ends the wait with
+    /// `LeaderChanged`, so that routing drives the call again on the new leader.
+    async fn park_until<K, V, R>(
+        &self,
+        registry: &Arc<WaitRegistry<K, V>>,
+        key: &K,
+        epoch: u64,
+        check: impl Fn(&Applied) -> Option<R>,
+    ) -> Result<R, CoordError>
+    where
+        K: Hash + Eq + Clone,
+        V: Clone,
+    {
         loop {
-            let found = self.reader.read(|a| {
-                let outcome = a
-                    .state
-                    .cluster
-                    .as_ref()
-                    .and_then(|c| c.barriers.get(barrier))
-                    .and_then(|b| b.outcome_of(counter).cloned());
-                match outcome {
-                    Some(o) => Ok(o),
-                    None => Err(self.hub.barriers.park(&key, epoch)),
-                }
+            let found = self.reader.read(|a| match check(a) {
+                Some(r) => Ok(r),
+                None => Err(registry.park(key, epoch)),
             });
             let mut parked = match found {
-                Ok(o) => return Ok(o),
+                Ok(r) => return Ok(r),
                 Err(Some(p)) => p,
                 Err(None) => return Err(CoordError::LeaderChanged),
             };
             match parked.wait().await {
-                Wake::Changed(()) | Wake::Recheck => continue,
+                Wake::Changed(_) | Wake::Recheck => continue,
                 Wake::LeaderLost => return Err(CoordError::LeaderChanged),
             }
         }
@@ -309,28 +438,11 @@ impl CoordCore {
                 ))
             }
         })??;
-        loop {
-            let found = self.reader.read(|a| {
-                let event = a
-                    .state
-                    .cluster
-                    .as_ref()
-                    .and_then(|c| c.errors.next_for(&task, after).cloned());
-                match event {
-                    Some(e) => Ok(e),
-                    None => Err(self.hub.errors.park(&(), epoch)),
-                }
-            });
-            let mut parked = match found {
-                Ok(e) => return Ok(e),
-                Err(Some(p)) => p,
-                Err(None) => return Err(CoordError::LeaderChanged),
-            };
-            match parked.wait().await {
-                Wake::Changed(_) | Wake::Recheck => continue,
-                Wake::LeaderLost => return Err(CoordError::LeaderChanged),
-            }
-        }
+        self.park_until(&self.hub.errors, &(), epoch, |a| {
+            let c = a.state.cluster.as_ref()?;
+            c.errors.next_for(&task, after).cloned()
+        })
+        .await
     }
 
     /// The given tasks' records (all tasks if none given), linearizable; and the service

@@ -31,6 +31,14 @@ pub enum CoordError {
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+    /// An answer with error details for the client (XLA's `GrpcPayloadContainer`, already
+    /// serialized).
+    #[error("{message}")]
+    Detailed {
+        code: Code,
+        message: String,
+        details: bytes::Bytes,
+    },
 }
 
 impl From<OpError> for CoordError {
@@ -84,6 +92,7 @@ fn status_of(e: CoordError) -> Status {
         }
         CoordError::LeaderChanged | CoordError::Unavailable(_) => Status::unavailable(message),
         CoordError::Internal(_) => Status::internal(message),
+        CoordError::Detailed { code, details, .. } => Status::with_details(code, message, details),
     }
 }
 

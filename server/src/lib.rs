@@ -1,8 +1,7 @@
 //! coord-server: one replica of a coord ensemble (binary `coordinator`).
 //!
 //! Request path: a gRPC call reaches a wire adapter ([`tf_service`], [`coord_service`],
-//! [`kv_service`]), which
-//! hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
+//! [`kv_service`], //! or [`xla_service`] for jaxlib) hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
 //! re-drives it when leadership moves. On the leader the semantics ([`kv::KvCore`],
 //! [`coordination::CoordCore`]) write through the batching [`proposer`] and read after the batched
 //! [`read_index`]. The state machine reports applied changes to the [`apply_hub`], which wakes
@@ -19,6 +18,7 @@
 //! - [`leader`]: who leads, from Raft metrics; [`election`]: a prompt election after a leader
 //!   dies.
 //! - [`request_id`]: request ids in metadata, and ids for requests without one.
+//! - [`membership`]: adding and removing replicas at runtime, refused when quorum would be lost.
 //! - [`http`], [`status`], [`metrics`]: `/livez`, `/readyz`, `/status`, `/metrics`, admin RPC.
 //! - [`error`]: the error type and its single mapping to gRPC status codes.
 //! - [`tasks`]: ownership of background loops.
@@ -37,6 +37,7 @@ pub mod identity;
 pub mod kv;
 pub mod kv_service;
 pub mod leader;
+pub mod membership;
 pub mod metrics;
 pub mod parked;
 pub mod peers;
@@ -52,6 +53,7 @@ pub mod tasks;
 pub mod tf_service;
 pub mod watch_hub;
 pub mod wire;
+pub mod xla_service;
 
 pub use config::Args;
 pub use replica::{Replica, StartError};

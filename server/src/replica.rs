@@ -38,7 +38,9 @@ use crate::route::Router;
 use crate::status::AdminService;
 use crate::tasks::TaskGuard;
 use crate::tf_service::TfService;
+use crate::xla_service::XlaService;
 use crate::{http, status};
+use coord_proto::xla::coordination::coordination_service_server::CoordinationServiceServer as XlaServer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -298,6 +300,20 @@ impl Replica {
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT)
         .accept_compressed(CompressionEncoding::Gzip);
+        let xla_job = this
+            .args
+            .xla_job
+            .clone()
+            .or_else(|| this.args.jobs.first().map(|(j, _)| j.clone()));
+        let xla = XlaServer::new(XlaService::new(
+            this.router.clone(),
+            this.kv.clone(),
+            this.coord.clone(),
+            xla_job,
+        ))
+        .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+        .accept_compressed(CompressionEncoding::Gzip);
         let raft_svc = RaftTransportServer::new(RaftService::new(
             this.raft.clone(),
             this.cluster_id,
@@ -309,6 +325,11 @@ impl Replica {
             this.raft.clone(),
             this.router.clone(),
             this.coord.clone(),
+            crate::membership::MembershipAdmin::new(
+                this.raft.clone(),
+                this.args.id,
+                this.args.peer_source_ip,
+            ),
         ));
         let coordination =
             CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));
@@ -328,6 +349,7 @@ impl Replica {
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .add_service(raft_svc)
             .add_service(tf)
+            .add_service(xla)
             .add_service(admin)
             .add_service(coordination)
             .add_service(kv_svc)
@@ -335,7 +357,7 @@ impl Replica {
         let grpc_task = tokio::spawn(grpc_server);
         let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));
 
-        if this.pristine {
+        if this.pristine && !this.args.join {
             this.bootstrap().await;
         }
         tracing::info!(

@@ -7,7 +7,10 @@
 //! same request again, with the same request id, so a mutation still applies once and a parked
 //! call completes with the answer it would have had. Only when no leader can be reached for
 //! `leader_wait` (or no leader is known for [`NO_LEADER_WAIT`]) does the caller see
-//! `UNAVAILABLE`, and try another replica.
+//! `UNAVAILABLE`, and try another replica. Except for jaxlib's clients: they take `UNAVAILABLE`
+//! as fatal and cannot try another replica, so their calls (XLA methods without the
+//! `coord-fails-over` mark coord's own clients send) are held until a leader serves them or the
+//! client gives up.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -95,8 +98,20 @@ impl Router {
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = std::time::Instant::now();
+        // jaxlib's client dies of an UNAVAILABLE; coord's clients try another replica.
+        let patient = method.starts_with("xla/")
+            && !req
+                .metadata()
+                .contains_key(coord_proto::metadata::FAILS_OVER);
         let result = self
-            .drive(kind, waits_on_the_service(method), req, local, remote)
+            .drive(
+                kind,
+                waits_on_the_service(method),
+                patient,
+                req,
+                local,
+                remote,
+            )
             .await;
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record_rpc(method, code, started.elapsed());
@@ -107,6 +122,7 @@ impl Router {
         &self,
         kind: Kind,
         waits: bool,
+        patient: bool,
         req: Request<Req>,
         local: L,
         remote: R,
@@ -168,11 +184,17 @@ impl Router {
                     };
                     let outcome = tokio::select! {
                         r = self.forward(addr, &msg, id, &remote) => r,
-                        () = tokio::time::sleep(patience) => return Err(Status::unavailable(format!(
-                            "replica {} got no answer from leader {leader} within {} ms; try another replica",
-                            self.me,
-                            patience.as_millis()
-                        ))),
+                        () = tokio::time::sleep(patience) => {
+                            let s = Status::unavailable(format!(
+                                "replica {} got no answer from leader {leader} within {} ms; try another replica",
+                                self.me,
+                                patience.as_millis()
+                            ));
+                            if !patient {
+                                return Err(s);
+                            }
+                            Err(s)
+                        }
                         now = self.leader.changed_from(&seen, Instant::now() + FOREVER) => Err(Status::unavailable(format!(
                             "the leader this replica forwarded to is no longer its leader (now {now:?})"
                         ))),
@@ -195,8 +217,11 @@ impl Router {
                 }
             };
             let since = *failing_since.get_or_insert_with(Instant::now);
-            let mut give_up_at = since + self.leader_wait;
-            if seen == Leadership::Unknown {
+            // A patient call is held until a leader serves it or its client gives up (and drops
+            // the call).
+            let wait = if patient { FOREVER } else { self.leader_wait };
+            let mut give_up_at = since + wait;
+            if seen == Leadership::Unknown && !patient {
                 // Without a leader in sight for a while, this replica is likely cut off (a
                 // candidate that cannot win); the client does better trying another replica.
                 give_up_at = give_up_at
@@ -259,8 +284,28 @@ impl Router {
 /// Calls that may legitimately wait on the service for long: a follower forwarding them does not
 /// time them out.
 fn waits_on_the_service(method: &str) -> bool {
-    matches!(
-        method,
-        "GetKeyValue" | "Barrier" | "WaitForAllTasks" | "ShutdownTask" | "PollForError"
-    )
+    match method.strip_prefix("xla/") {
+        // XLA's registration waits at the register barrier.
+        Some(m) => matches!(
+            m,
+            "RegisterTask"
+                | "GetKeyValue"
+                | "Barrier"
+                | "ShutdownTask"
+                | "PollForError"
+                | "GetAliveTasks"
+                | "WatchTasks"
+        ),
+        // A new member catches up before it is added.
+        None => matches!(
+            method,
+            "GetKeyValue"
+                | "Barrier"
+                | "WaitForAllTasks"
+                | "ShutdownTask"
+                | "PollForError"
+                | "AddMember"
+                | "RemoveMember"
+        ),
+    }
 }

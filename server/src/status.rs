@@ -103,6 +103,7 @@ pub struct AdminService {
     raft: Raft,
     router: std::sync::Arc<crate::route::Router>,
     core: std::sync::Arc<crate::coordination::CoordCore>,
+    membership: crate::membership::MembershipAdmin,
 }
 
 impl AdminService {
@@ -110,8 +111,21 @@ impl AdminService {
         raft: Raft,
         router: std::sync::Arc<crate::route::Router>,
         core: std::sync::Arc<crate::coordination::CoordCore>,
+        membership: crate::membership::MembershipAdmin,
     ) -> Self {
-        Self { raft, router, core }
+        Self {
+            raft,
+            router,
+            core,
+            membership,
+        }
+    }
+
+    /// The membership as this replica sees it (after a change, on the leader: the new one).
+    fn members(&self) -> pb::MembershipReply {
+        pb::MembershipReply {
+            members: ReplicaStatus::of(&self.raft).to_proto().members,
+        }
     }
 }
 
@@ -124,6 +138,48 @@ impl pb::admin_server::Admin for AdminService {
         Ok(tonic::Response::new(
             ReplicaStatus::of(&self.raft).to_proto(),
         ))
+    }
+
+    async fn add_member(
+        &self,
+        req: tonic::Request<pb::AddMemberRequest>,
+    ) -> Result<tonic::Response<pb::MembershipReply>, tonic::Status> {
+        let this = self;
+        self.router
+            .route(
+                "AddMember",
+                crate::route::Kind::Read,
+                req,
+                |m, _| async move {
+                    this.membership.add(m.id, m.addr).await?;
+                    Ok(this.members())
+                },
+                |ch, r| async move { pb::admin_client::AdminClient::new(ch).add_member(r).await },
+            )
+            .await
+    }
+
+    async fn remove_member(
+        &self,
+        req: tonic::Request<pb::RemoveMemberRequest>,
+    ) -> Result<tonic::Response<pb::MembershipReply>, tonic::Status> {
+        let this = self;
+        self.router
+            .route(
+                "RemoveMember",
+                crate::route::Kind::Read,
+                req,
+                |m, _| async move {
+                    this.membership.remove(m.id).await?;
+                    Ok(this.members())
+                },
+                |ch, r| async move {
+                    pb::admin_client::AdminClient::new(ch)
+                        .remove_member(r)
+                        .await
+                },
+            )
+            .await
     }
 
     async fn shutdown_service(

@@ -59,6 +59,8 @@ pub struct ReplicaProc {
     pub http: SocketAddr,
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
+    /// Started with `--join` (added to a running ensemble, not one of the initial replicas).
+    pub joining: bool,
     child: Option<Child>,
 }
 
@@ -75,54 +77,95 @@ pub struct Cluster {
 /// `COORD_BIN` overrides it.
 pub fn coordinator_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("COORD_BIN") {
-            return PathBuf::from(p);
-        }
-        // target/<profile>/deps/<test binary> → target/<profile>
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut profile_dir = exe.parent().expect("exe dir").to_path_buf();
-        if profile_dir.ends_with("deps") {
-            profile_dir.pop();
-        }
-        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-        let release = profile_dir.ends_with("release");
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("workspace");
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.current_dir(workspace)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "coord-server",
-                "--bin",
-                "coordinator",
-                "--target-dir",
-            ])
-            .arg(&target_dir);
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .expect("run cargo build for the coordinator binary");
-        assert!(status.success(), "building the coordinator binary failed");
-        profile_dir.join("coordinator")
-    })
-    .clone()
+    BIN.get_or_init(|| workspace_binary("coord-server", "coordinator", Some("COORD_BIN")))
+        .clone()
 }
 
-/// `n` distinct free loopback ports (all held open while picking, so they differ).
+/// `target/<profile>` of the running test binary.
+pub fn profile_dir() -> PathBuf {
+    // target/<profile>/deps/<test binary> → target/<profile>
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// Binary `bin` of workspace package `package`, built with cargo in the profile of the running
+/// test (a test cannot name another package's binary through `CARGO_BIN_EXE_*`). The environment
+/// variable `env_override`, if given and set, names a binary to use instead.
+pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) -> PathBuf {
+    if let Some(p) = env_override.and_then(|v| std::env::var(v).ok()) {
+        return PathBuf::from(p);
+    }
+    let profile_dir = profile_dir();
+    let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+    let release = profile_dir.ends_with("release");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.current_dir(workspace)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            package,
+            "--bin",
+            bin,
+            "--target-dir",
+        ])
+        .arg(&target_dir);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build for the {bin} binary: {e}"));
+    assert!(status.success(), "building the {bin} binary failed");
+    profile_dir.join(bin)
+}
+
+/// `n` distinct free loopback ports for servers the test starts.
+///
+/// They come from below the kernel's ephemeral range (`ip_local_port_range`), never from it:
+/// a port from `bind(0)` is free only until the server binds it, and meanwhile any outgoing
+/// connection on the machine (other tests, other ensembles) may take it as its local port, so
+/// the server fails to start or, worse, the test talks to someone else's server. Ports handed out
+/// in this process are not handed out again; other processes pick at random, so they rarely meet.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("local addr").port())
-        .collect()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let (low, high) = port_range_below_ephemeral();
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut picked: Vec<(u16, TcpListener)> = Vec::with_capacity(n);
+    let mut tries = 0;
+    while picked.len() < n {
+        tries += 1;
+        assert!(tries < 100_000, "no free port in {low}..{high}");
+        let port = rand::Rng::gen_range(&mut rand::thread_rng(), low..high);
+        if given.contains(&port) || picked.iter().any(|(p, _)| *p == port) {
+            continue;
+        }
+        // Held open while picking, so the ports differ; a port in use is skipped.
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            picked.push((port, l));
+        }
+    }
+    let ports: Vec<u16> = picked.into_iter().map(|(p, _)| p).collect();
+    given.extend(&ports);
+    ports
+}
+
+/// Ports 10000 up to the start of the ephemeral range (32768 by default).
+fn port_range_below_ephemeral() -> (u16, u16) {
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    (10_000, start.max(10_100))
 }
 
 impl Cluster {
@@ -149,6 +192,7 @@ impl Cluster {
                     http: SocketAddr::from(([127, 0, 0, 1], ports[3 * i + 1])),
                     data_dir: root.join(format!("data-{id}")),
                     log_path: root.join(format!("replica-{id}.log")),
+                    joining: false,
                     child: None,
                 }
             })
@@ -174,6 +218,37 @@ impl Cluster {
             c.spawn(id);
         }
         c
+    }
+
+    /// Waits until replica `id` answers `/status` (its process is up and serving).
+    pub async fn wait_serving(&mut self, id: u64, timeout: Duration) {
+        self.wait_until(timeout, &format!("replica {id} to serve"), |c| {
+            c.status(id).is_some()
+        })
+        .await;
+    }
+
+    /// Starts a new replica with `--join` (the next unused id), for `member add`; returns its id.
+    pub fn start_joining(&mut self) -> u64 {
+        assert!(
+            !self.options.proxied,
+            "joining replicas are not proxied; start the cluster without proxies"
+        );
+        let id = self.ids().into_iter().max().unwrap_or(0) + 1;
+        let ports = free_ports(2);
+        let grpc = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+        self.replicas.push(ReplicaProc {
+            id,
+            grpc,
+            peer: grpc,
+            http: SocketAddr::from(([127, 0, 0, 1], ports[1])),
+            data_dir: self.root.join(format!("data-{id}")),
+            log_path: self.root.join(format!("replica-{id}.log")),
+            joining: true,
+            child: None,
+        });
+        self.spawn(id);
+        id
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -232,6 +307,9 @@ impl Cluster {
         ];
         if self.options.proxied {
             args.extend(["--peer-source-ip".into(), source_ip(id).to_string()]);
+        }
+        if r.joining {
+            args.push("--join".into());
         }
         args.extend(self.options.extra_args.iter().cloned());
         args

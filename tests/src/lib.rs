@@ -5,10 +5,12 @@
 //! - [`cluster`]: starts real `coordinator` processes on free loopback ports with data in a temp
 //!   dir, restarts and kills them, polls `/status`; kills what it started when dropped, and keeps
 //!   the logs and data of a failed test.
+//! - [`compose`]: `deploy/compose.yaml`'s ensemble in real containers (image built offline).
 //! - [`coord_suite`]: the coordination service's behaviour suite, run against 1- and 3-replica
 //!   ensembles.
 //! - [`demo`]: `coord-demo`, a training job that survives the preemption of its chief (and the
 //!   multi-process preemption scenarios).
+//! - [`jax`]: the real jaxlib client in a venv, its test scripts, and coord-proxy sidecars.
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
 //! - [`bench`]: coord-bench's load generators, failover measurement, and its targets (coord and
 //!   etcd 3.4).
@@ -16,8 +18,10 @@
 pub mod bench;
 pub mod chaos;
 pub mod cluster;
+pub mod compose;
 pub mod coord_suite;
 pub mod demo;
 pub mod http;
+pub mod jax;
 
 pub use cluster::{Cluster, ClusterOptions};

@@ -7,6 +7,9 @@
 //! coordctl kv get config/lr          # waits until the key exists
 //! coordctl kv ls config
 //! coordctl kv rm config
+//! coordctl member list
+//! coordctl member add 4 127.0.0.1:7104    # a replica started with --join
+//! coordctl member remove 3
 //! ```
 //!
 //! Exit codes: 0 success, 1 the ensemble answered with an error, 2 bad usage, 3 a key that
@@ -44,6 +47,29 @@ enum Cmd {
     /// The key-value store.
     #[command(subcommand)]
     Kv(KvCmd),
+    /// The ensemble's replicas.
+    #[command(subcommand)]
+    Member(MemberCmd),
+    /// Health check of one replica over its HTTP port (`/readyz`, or `/livez` with --live):
+    /// exit 0 if healthy, 1 if not. For container health checks (images without curl).
+    Health {
+        /// The replica's --http-listen address.
+        #[arg(long, default_value = "127.0.0.1:8101")]
+        http: String,
+        /// Only check that the process serves (`/livez`), not that it is ready.
+        #[arg(long)]
+        live: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum MemberCmd {
+    /// The replicas, as the leader sees them.
+    List,
+    /// Add a replica (started with --join): it catches up as a learner, then votes.
+    Add { id: u64, addr: String },
+    /// Remove a replica (stop it afterwards).
+    Remove { id: u64 },
 }
 
 #[derive(Subcommand)]
@@ -77,6 +103,8 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Status => status(&client, &cli.endpoints).await,
         Cmd::Kv(cmd) => kv(&client, cmd).await,
+        Cmd::Member(cmd) => member(&client, cmd).await,
+        Cmd::Health { http, live } => Ok(health(&http, if live { "/livez" } else { "/readyz" })),
     };
     match result {
         Ok(code) => code,
@@ -116,6 +144,59 @@ async fn status(client: &CoordClient, endpoints: &[String]) -> Result<ExitCode, 
         return Err(Status::unavailable("no replica answered"));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn member(client: &CoordClient, cmd: MemberCmd) -> Result<ExitCode, Status> {
+    let members = match cmd {
+        MemberCmd::List => client.members().await?,
+        MemberCmd::Add { id, addr } => client.add_member(id, &addr).await?,
+        MemberCmd::Remove { id } => client.remove_member(id).await?,
+    };
+    println!(
+        "{:>4} {:<22} {:<8} {:>8}",
+        "ID", "ADDRESS", "ROLE", "MATCHED"
+    );
+    for m in members {
+        let matched = m.matched_index.map_or("-".to_string(), |i| i.to_string());
+        let role = if m.voter { "voter" } else { "learner" };
+        println!("{:>4} {:<22} {role:<8} {matched:>8}", m.id, m.addr);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// GET `path` from `addr` with a plain HTTP/1.1 request; prints the body.
+fn health(addr: &str, path: &str) -> ExitCode {
+    use std::io::{Read, Write};
+    let get = || -> std::io::Result<String> {
+        let sock = std::net::ToSocketAddrs::to_socket_addrs(addr)?
+            .next()
+            .ok_or_else(|| std::io::Error::other(format!("cannot resolve {addr}")))?;
+        let mut s = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    };
+    match get() {
+        Ok(resp) => {
+            let ok = resp.starts_with("HTTP/1.1 200") || resp.starts_with("HTTP/1.0 200");
+            let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+            println!("{body}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("coordctl: {addr}{path}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn kv(client: &CoordClient, cmd: KvCmd) -> Result<ExitCode, Status> {

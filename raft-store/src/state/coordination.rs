@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::alive::{self, AliveQueries};
 use super::barriers::{Arrival, Barriers, Outcome, Participants};
 use super::cluster::{list_tasks, ClusterConfig, Code, TaskName};
 use super::tasks::{DeviceInfo, ErrorFeed, TaskError, TaskRegistry, TaskState};
@@ -18,6 +19,8 @@ pub const INTERNAL_BARRIER_PREFIX: &str = "coord-internal:";
 pub const WAIT_FOR_ALL_TASKS_BARRIER: &str = "coord-internal:wait_for_all_tasks";
 /// The barrier behind ShutdownTask when a shutdown barrier timeout is configured.
 pub const SHUTDOWN_BARRIER: &str = "coord-internal:shutdown";
+/// The barrier XLA registrations wait at (RegisterAtBarrier).
+pub const REGISTER_BARRIER: &str = "coord-internal:register";
 
 /// The coordinated job, once the first leader has set it up.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -28,6 +31,10 @@ pub struct Cluster {
     pub tasks: TaskRegistry,
     pub barriers: Barriers,
     pub errors: ErrorFeed,
+    /// Open and recent GetAliveTasks rounds.
+    pub alive: AliveQueries,
+    /// Bumped whenever any task's record changes (XLA's WatchTasks version).
+    pub task_version: u64,
 }
 
 fn status(code: Code, message: String) -> OpError {
@@ -46,7 +53,86 @@ impl Cluster {
             service_incarnation,
             barriers: Barriers::default(),
             errors: ErrorFeed::default(),
+            alive: AliveQueries::default(),
+            task_version: 0,
         }
+    }
+
+    /// After a command changed some task: a new WatchTasks version, and GetAliveTasks rounds
+    /// that no longer wait for a task that died may finish.
+    pub(crate) fn tasks_changed(&mut self, changes: &mut Vec<Change>) {
+        self.task_version += 1;
+        for (set, generation) in self.alive.recheck(&self.tasks) {
+            changes.push(Change::BarrierDone {
+                id: alive::wait_key(&set),
+                counter: generation as i64,
+            });
+        }
+    }
+
+    /// XLA's registration: register, then wait at the register barrier of `participants`.
+    pub(crate) fn register_at_barrier(
+        &mut self,
+        task: &TaskName,
+        incarnation: u64,
+        participants: &[TaskName],
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        if let Some(unknown) = participants.iter().find(|t| !self.config.contains(t)) {
+            return Err(status(
+                Code::InvalidArgument,
+                self.config.why_unknown(unknown),
+            ));
+        }
+        if !participants.contains(task) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!("task {task} is not one of the tasks of the register barrier"),
+            ));
+        }
+        self.register(task, incarnation, changes)?;
+        let timeout = self.config.register_timeout_ms;
+        self.arrive(
+            REGISTER_BARRIER,
+            0,
+            Participants::from_request(participants),
+            timeout,
+            task,
+            now_ms,
+            changes,
+        )
+    }
+
+    /// XLA's GetAliveTasks: joins the round of `tasks`.
+    pub(crate) fn get_alive_tasks(
+        &mut self,
+        source: &TaskName,
+        tasks: &[TaskName],
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        self.require(source)?;
+        if let Some(unknown) = tasks.iter().find(|t| !self.config.contains(t)) {
+            return Err(status(
+                Code::InvalidArgument,
+                self.config.why_unknown(unknown),
+            ));
+        }
+        let set = alive::set_key(tasks);
+        if !set.contains(source) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!("task {source} asked which tasks are alive, but it is not one of the tasks it asked about"),
+            ));
+        }
+        let (generation, answer) = self.alive.ask(set.clone(), source, &self.tasks);
+        if answer.is_some() {
+            changes.push(Change::BarrierDone {
+                id: alive::wait_key(&set),
+                counter: generation as i64,
+            });
+        }
+        Ok(Output::Alive { generation, answer })
     }
 
     fn require(&self, t: &TaskName) -> Result<(), OpError> {
@@ -79,6 +165,7 @@ impl Cluster {
                     incarnation,
                     error: None,
                     devices: rec.devices.take(),
+                    errors_seen_at_register: self.errors.last_seq(),
                 };
                 changes.push(Change::TaskChanged { task: task.clone() });
                 registered
@@ -87,6 +174,7 @@ impl Cluster {
                 rec.state = TaskState::Connected;
                 rec.incarnation = incarnation;
                 rec.error = None;
+                rec.errors_seen_at_register = self.errors.last_seq();
                 changes.push(Change::TaskChanged { task: task.clone() });
                 registered
             }

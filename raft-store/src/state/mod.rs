@@ -4,6 +4,7 @@
 //! It also reports the [`Change`]s it made so the server can wake parked calls and feed watches
 //! without polling the state.
 
+mod alive;
 mod barriers;
 mod cluster;
 mod coordination;
@@ -16,10 +17,12 @@ mod tasks;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+pub use alive::{set_key as alive_set_key, wait_key as alive_wait_key, AliveAnswer, AliveQueries};
 pub use barriers::{BarrierRecord, Barriers, Outcome, Participants};
 pub use cluster::{list_tasks, ClusterConfig, Code, TaskName};
 pub use coordination::{
-    Cluster, INTERNAL_BARRIER_PREFIX, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
+    Cluster, INTERNAL_BARRIER_PREFIX, REGISTER_BARRIER, SHUTDOWN_BARRIER,
+    WAIT_FOR_ALL_TASKS_BARRIER,
 };
 pub use kv::{KvEntry, KvStore};
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
@@ -118,7 +121,17 @@ impl CoordState {
             }
             op => match self.cluster.as_mut() {
                 None => Err(OpError::NoCluster),
-                Some(c) => apply_coordination(c, op, now_ms, changes),
+                Some(c) => {
+                    let before = changes.len();
+                    let result = apply_coordination(c, op, now_ms, changes);
+                    if changes[before..]
+                        .iter()
+                        .any(|ch| matches!(ch, Change::TaskChanged { .. }))
+                    {
+                        c.tasks_changed(changes);
+                    }
+                    result
+                }
             },
         };
         // "Not set up yet" is a refusal to try again later, not an outcome: remembering it would
@@ -143,6 +156,12 @@ fn apply_coordination(
 ) -> CommandResult {
     match op {
         Op::RegisterTask { task, incarnation } => c.register(task, *incarnation, changes),
+        Op::RegisterAtBarrier {
+            task,
+            incarnation,
+            participants,
+        } => c.register_at_barrier(task, *incarnation, participants, now_ms, changes),
+        Op::GetAliveTasks { source, tasks } => c.get_alive_tasks(source, tasks, changes),
         Op::ReportError {
             task,
             code,

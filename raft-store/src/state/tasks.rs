@@ -48,6 +48,9 @@ pub struct TaskRecord {
     pub incarnation: u64,
     pub error: Option<TaskError>,
     pub devices: Option<DeviceInfo>,
+    /// The error feed's last sequence number when the task last registered: XLA's PollForError
+    /// delivers the errors after it.
+    pub errors_seen_at_register: u64,
 }
 
 impl Default for TaskRecord {
@@ -57,6 +60,7 @@ impl Default for TaskRecord {
             incarnation: 0,
             error: None,
             devices: None,
+            errors_seen_at_register: 0,
         }
     }
 }

@@ -1,0 +1,97 @@
+//! `coord-proxy`: the per-host sidecar that lets unmodified JAX processes use a coord ensemble.
+//!
+//! ```text
+//! coord-proxy --listen 127.0.0.1:7200 --coordinators 10.0.0.1:7101,10.0.0.2:7101,10.0.0.3:7101
+//! ```
+//!
+//! JAX connects to `--listen` as if it were its coordination service (see the README's "JAX"
+//! section); the proxy follows the ensemble's leader and re-drives calls across failovers, so a
+//! replica's death never reaches jaxlib (see `coord_agent::xla_proxy`).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use coord_agent::xla_proxy::XlaProxy;
+use coord_agent::{ClientOptions, CoordClient};
+use coord_proto::xla::coordination::coordination_service_server::CoordinationServiceServer;
+use tonic::codec::CompressionEncoding;
+
+#[derive(Parser)]
+#[command(
+    name = "coord-proxy",
+    version,
+    about = "Sidecar between jaxlib and a coord ensemble"
+)]
+struct Cli {
+    /// Where jaxlib connects (keep it on localhost).
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    listen: SocketAddr,
+    /// gRPC addresses of the ensemble's replicas, comma separated.
+    #[arg(long, env = "COORD_ENDPOINTS", value_delimiter = ',', required = true)]
+    coordinators: Vec<String>,
+    /// A call fails UNAVAILABLE only after no replica could serve it for this long.
+    #[arg(long, default_value_t = 120)]
+    unavailable_after_secs: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("coord-proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let mut options = ClientOptions::new(cli.coordinators.clone());
+    options.unavailable_after = Duration::from_secs(cli.unavailable_after_secs);
+    let client = match CoordClient::new(options) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("coord-proxy: {}", e.message());
+            return ExitCode::from(2);
+        }
+    };
+    client.find_leader().await;
+    let listener = match tokio::net::TcpListener::bind(cli.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("coord-proxy: cannot listen on {}: {e}", cli.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let service = CoordinationServiceServer::new(XlaProxy::new(client))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+        .accept_compressed(CompressionEncoding::Gzip);
+    eprintln!(
+        "coord-proxy: serving xla.coordination.CoordinationService on {} for {}",
+        cli.listen,
+        cli.coordinators.join(",")
+    );
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coord-proxy: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The real jaxlib client, for the tests of the XLA surface: a Python venv with `jax` and
+//! `jaxlib` from PyPI, the scripts under `tests/jax/`, and coord-proxy sidecars.
+//!
+//! The venv is made once per target directory (`target/jax-venv-<version>`, under a file lock so
+//! that concurrent test processes share it). Where it cannot be made (no Python 3.11, PyPI out of
+//! reach), [`Jax::get`] says why and the tests skip with that reason.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cluster::{free_ports, profile_dir, workspace_binary};
+
+/// The jaxlib release the tests run (0.10.x speaks `xla.coordination`; it is what PyPI offers
+/// CPython 3.11).
+pub const JAX_VERSION: &str = "0.10.2";
+
+pub struct Jax {
+    python: PathBuf,
+}
+
+/// A child process killed (with its whole process group) when dropped.
+pub struct Guarded {
+    pub child: Child,
+}
+
+impl Guarded {
+    pub fn kill(&mut self) {
+        // The Python scripts start helper processes: kill the group they share.
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(format!("-{}", self.child.id()))
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+fn python_for_venv() -> Option<&'static str> {
+    ["python3.11", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import sys; assert sys.version_info[:2] == (3, 11)"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+fn tail(bytes: &[u8], lines: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Jax {
+    /// The venv with jax and jaxlib, made if needed; `Err` says why it cannot be had here.
+    pub fn get() -> Result<Jax, String> {
+        let target = profile_dir()
+            .parent()
+            .ok_or("no target directory")?
+            .to_path_buf();
+        let venv = target.join(format!("jax-venv-{JAX_VERSION}"));
+        let python = venv.join("bin").join("python");
+        let ready = venv.join("installed");
+        let lock = File::create(target.join(format!("jax-venv-{JAX_VERSION}.lock")))
+            .map_err(|e| format!("cannot create the venv lock: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("cannot take the venv lock: {e}"))?;
+        if ready.exists() {
+            return Ok(Jax { python });
+        }
+        let base = python_for_venv().ok_or("no CPython 3.11 on this machine")?;
+        let _ = std::fs::remove_dir_all(&venv);
+        let out = Command::new(base)
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .output()
+            .map_err(|e| format!("{base} -m venv: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("{base} -m venv failed: {}", tail(&out.stderr, 5)));
+        }
+        eprintln!(
+            "installing jax and jaxlib {JAX_VERSION} from PyPI into {}",
+            venv.display()
+        );
+        let out = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(format!("jax=={JAX_VERSION}"))
+            .arg(format!("jaxlib=={JAX_VERSION}"))
+            .output()
+            .map_err(|e| format!("pip: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pip could not install jax/jaxlib {JAX_VERSION} (is PyPI reachable?): {}",
+                tail(&out.stderr, 5)
+            ));
+        }
+        std::fs::write(&ready, JAX_VERSION).map_err(|e| e.to_string())?;
+        Ok(Jax { python })
+    }
+
+    /// The path of a script under `tests/jax/`.
+    pub fn script(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("jax").join(name)
+    }
+
+    /// Starts `script args...` in its own process group, stdout piped.
+    pub fn spawn(&self, script: &str, args: &[String]) -> Guarded {
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(Self::script(script))
+            .args(args)
+            .env("PYTHONUNBUFFERED", "1")
+            // jaxlib's client logs through absl; keep it to warnings.
+            .env("TF_CPP_MIN_LOG_LEVEL", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        Guarded {
+            child: cmd.spawn().expect("start python"),
+        }
+    }
+
+    /// Runs `script args...` to its end (killed at `timeout`); returns its exit code and stdout.
+    pub fn run(&self, script: &str, args: &[String], timeout: Duration) -> (Option<i32>, String) {
+        let mut g = self.spawn(script, args);
+        let mut stdout = g.child.stdout.take().expect("piped stdout");
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+            s
+        });
+        let deadline = Instant::now() + timeout;
+        let code = loop {
+            if let Ok(Some(status)) = g.child.try_wait() {
+                break status.code();
+            }
+            if Instant::now() > deadline {
+                eprintln!("{script} still running after {timeout:?}: killed");
+                g.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // Helpers the script left behind would hold stdout open.
+        g.kill();
+        (code, reader.join().unwrap_or_default())
+    }
+}
+
+/// A coord-proxy sidecar in front of `endpoints`; killed when dropped.
+pub struct Sidecar {
+    pub addr: String,
+    _proc: Guarded,
+}
+
+impl Sidecar {
+    pub fn start(endpoints: &[String]) -> Sidecar {
+        let bin = workspace_binary("coord-agent", "coord-proxy", Some("COORD_PROXY_BIN"));
+        let port = free_ports(1)[0];
+        let addr = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--listen")
+            .arg(&addr)
+            .arg("--coordinators")
+            .arg(endpoints.join(","))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let proc = Guarded {
+            child: cmd.spawn().expect("start coord-proxy"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "coord-proxy did not listen on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Sidecar { addr, _proc: proc }
+    }
+}

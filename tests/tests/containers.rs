@@ -1,0 +1,211 @@
+//! `deploy/compose.yaml` in real containers (the image built offline from this build's binaries):
+//! write through the ensemble while its leader container is killed, a replica is cut off the
+//! network and reconnected, all three are restarted one by one, a fourth replica joins and an
+//! original one is removed. At the end every acknowledged write is there and every replica's
+//! `/status` agrees. Skips, saying why, where no Docker engine answers.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_agent::{ClientOptions, CoordClient};
+use coord_tests::cluster::StatusView;
+use coord_tests::compose::{self, Compose};
+use coord_tests::http;
+use tokio::time::Instant;
+
+fn status(c: &Compose, id: u64) -> Option<StatusView> {
+    let (code, body) = http::get(c.http(id), "/status").ok()?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+fn ready(c: &Compose, id: u64) -> bool {
+    http::get(c.http(id), "/readyz").is_ok_and(|(code, _)| code == 200)
+}
+
+async fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The leader that every replica of `ids` reports, once they agree.
+async fn agreed_leader(c: &Compose, ids: &[u64]) -> u64 {
+    let mut leader = 0;
+    wait(
+        "the replicas to agree on a leader",
+        Duration::from_secs(60),
+        || {
+            let seen: BTreeSet<Option<u64>> = ids
+                .iter()
+                .map(|&i| status(c, i).and_then(|s| s.leader_id))
+                .collect();
+            match seen.into_iter().collect::<Vec<_>>().as_slice() {
+                [Some(l)] if ids.contains(l) => {
+                    leader = *l;
+                    true
+                }
+                _ => false,
+            }
+        },
+    )
+    .await;
+    leader
+}
+
+/// Waits until the writer has had `n` more writes acknowledged.
+async fn writes_go_on(count: &AtomicUsize, n: usize) {
+    let target = count.load(Ordering::Relaxed) + n;
+    wait(
+        &format!("{n} more acknowledged writes"),
+        Duration::from_secs(90),
+        || count.load(Ordering::Relaxed) >= target,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_ensemble_survives_kills_partitions_restarts_and_membership_changes() {
+    if let Some(why) = compose::unavailable() {
+        eprintln!("SKIPPED compose_ensemble_survives_kills_partitions_restarts_and_membership_changes: {why}");
+        return;
+    }
+    let c = Compose::up();
+    let originals = [1, 2, 3];
+    for id in originals {
+        wait(
+            &format!("replica {id} ready"),
+            Duration::from_secs(120),
+            || ready(&c, id),
+        )
+        .await;
+    }
+    let endpoints: Vec<String> = (1..=4).map(|i| c.grpc(i)).collect();
+    let client = CoordClient::new(ClientOptions::new(endpoints.clone())).expect("client");
+
+    // Load: unique keys, acknowledged ones remembered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let (c, stop, count) = (client.clone(), stop.clone(), count.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("w/{n}");
+                n += 1;
+                if c.insert(&key, key.clone().into_bytes(), false)
+                    .await
+                    .is_ok()
+                {
+                    acked.push(key);
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            acked
+        })
+    };
+    writes_go_on(&count, 20).await;
+
+    // 1. docker kill the leader's container; a new leader takes over; it comes back.
+    let leader = agreed_leader(&c, &originals).await;
+    eprintln!("docker kill {}", c.container(leader));
+    c.docker_ok(&["kill", &c.container(leader)]);
+    let rest: Vec<u64> = originals.into_iter().filter(|&i| i != leader).collect();
+    let new_leader = agreed_leader(&c, &rest).await;
+    assert_ne!(new_leader, leader);
+    writes_go_on(&count, 20).await;
+    c.docker_ok(&["start", &c.container(leader)]);
+    wait(
+        "the killed replica ready again",
+        Duration::from_secs(120),
+        || ready(&c, leader),
+    )
+    .await;
+
+    // 2. Cut the (new) leader off the network; the others go on; reconnect it.
+    let cut = agreed_leader(&c, &originals).await;
+    eprintln!("docker network disconnect {}", c.container(cut));
+    c.docker_ok(&["network", "disconnect", &c.network(), &c.container(cut)]);
+    let rest: Vec<u64> = originals.into_iter().filter(|&i| i != cut).collect();
+    agreed_leader(&c, &rest).await;
+    writes_go_on(&count, 20).await;
+    c.docker_ok(&[
+        "network",
+        "connect",
+        "--alias",
+        &format!("coord{cut}"),
+        &c.network(),
+        &c.container(cut),
+    ]);
+    wait(
+        "the partitioned replica ready again",
+        Duration::from_secs(120),
+        || ready(&c, cut),
+    )
+    .await;
+
+    // 3. Rolling restart under load.
+    for id in originals {
+        eprintln!("docker restart {}", c.container(id));
+        c.docker_ok(&["restart", "-t", "10", &c.container(id)]);
+        wait(
+            &format!("replica {id} ready after its restart"),
+            Duration::from_secs(120),
+            || ready(&c, id),
+        )
+        .await;
+        writes_go_on(&count, 10).await;
+    }
+
+    // 4. A fourth replica joins; replica 1 leaves.
+    c.compose_ok(&["up", "-d", "coord4"]);
+    wait("replica 4 serving", Duration::from_secs(60), || {
+        status(&c, 4).is_some()
+    })
+    .await;
+    let members = client
+        .add_member(4, "coord4:7101")
+        .await
+        .expect("add replica 4");
+    assert!(members.iter().any(|m| m.id == 4 && m.voter), "{members:?}");
+    writes_go_on(&count, 20).await;
+    let members = client.remove_member(1).await.expect("remove replica 1");
+    assert!(!members.iter().any(|m| m.id == 1), "{members:?}");
+    c.compose_ok(&["stop", "-t", "5", "coord1"]);
+    writes_go_on(&count, 20).await;
+
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.await.expect("writer");
+    eprintln!("{} writes acknowledged", acked.len());
+
+    // Every acknowledged write is there; every remaining replica reports the same state.
+    let remaining = [2, 3, 4];
+    let leader = agreed_leader(&c, &remaining).await;
+    let last = status(&c, leader).expect("leader status").last_applied;
+    wait(
+        "the replicas to agree on the applied state",
+        Duration::from_secs(60),
+        || {
+            remaining.iter().all(|&i| {
+                status(&c, i).is_some_and(|s| s.leader_id == Some(leader) && s.last_applied >= last)
+            })
+        },
+    )
+    .await;
+    let reader = CoordClient::new(ClientOptions::new(vec![c.grpc(4)])).expect("client");
+    for k in &acked {
+        let v = reader.try_get(k).await.expect("read");
+        assert_eq!(v.as_deref(), Some(k.as_bytes()), "acknowledged write {k}");
+    }
+    for i in remaining {
+        let s = status(&c, i).expect("status");
+        assert_eq!(s.leader_id, Some(leader), "replica {i}: {s:?}");
+    }
+}
