@@ -18,8 +18,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use coord_proto::coord::admin::admin_client::AdminClient;
 use coord_proto::coord::admin::{
-    AddMemberRequest, Member, RemoveMemberRequest, ShutdownServiceRequest, StatusReply,
-    StatusRequest,
+    AddMemberRequest, BarriersReply, BarriersRequest, Member, RemoveMemberRequest,
+    ShutdownServiceRequest, SnapshotRequest, StatusReply, StatusRequest, TasksReply, TasksRequest,
 };
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
@@ -183,6 +183,36 @@ impl CoordClient {
             Err(e) if e.code() == Code::NotFound => self.members().await,
             Err(e) => Err(e),
         }
+    }
+
+    /// Every task's state, incarnation and heartbeat age, from the leader.
+    pub async fn tasks(&self) -> Result<TasksReply, Status> {
+        self.call(TasksRequest {}, None, |ch, r| async move {
+            AdminClient::new(ch).tasks(r).await
+        })
+        .await
+    }
+
+    /// The open barriers, from the leader.
+    pub async fn barriers(&self) -> Result<BarriersReply, Status> {
+        self.call(BarriersRequest {}, None, |ch, r| async move {
+            AdminClient::new(ch).barriers(r).await
+        })
+        .await
+    }
+
+    /// Makes replica `replica` (an index into the endpoints) snapshot now; returns the index the
+    /// snapshot covers. No retries: it is that replica's snapshot.
+    pub async fn snapshot_of(&self, replica: usize) -> Result<u64, Status> {
+        let ch = self
+            .inner
+            .channels
+            .get(replica)
+            .ok_or_else(|| Status::invalid_argument(format!("no endpoint #{replica}")))?;
+        let mut req = Request::new(SnapshotRequest {});
+        req.set_timeout(Duration::from_secs(90));
+        let reply = AdminClient::new(ch.clone()).snapshot(req).await?;
+        Ok(reply.into_inner().snapshot_index)
     }
 
     /// The membership, as the leader (or, failing that, any replica) reports it.

@@ -92,6 +92,53 @@ impl ApplyHub {
     }
 }
 
+impl ApplyHub {
+    /// One log line per task state change (on every replica, as it applies it).
+    fn log_task(&self, task: &coord_raft_store::state::TaskName) {
+        let Some(reader) = self.reader.get() else {
+            return;
+        };
+        let rec = reader.read(|a| a.state.cluster.as_ref()?.tasks.get(task).cloned());
+        if let Some(r) = rec {
+            let state = crate::status::task_state_name(r.state);
+            match &r.error {
+                Some(e) => {
+                    tracing::info!(%task, state, incarnation = format!("{:#x}", r.incarnation), error = %e.message, "task state")
+                }
+                None => {
+                    tracing::info!(%task, state, incarnation = format!("{:#x}", r.incarnation), "task state")
+                }
+            }
+        }
+    }
+
+    /// One log line per barrier outcome.
+    fn log_barrier(&self, id: &str, counter: i64) {
+        let Some(reader) = self.reader.get() else {
+            return;
+        };
+        let outcome = reader.read(|a| {
+            a.state
+                .cluster
+                .as_ref()?
+                .barriers
+                .get(id)?
+                .outcome_of(counter)
+                .cloned()
+        });
+        match outcome {
+            Some(coord_raft_store::state::Outcome::Passed) => {
+                tracing::info!(barrier = id, counter, "barrier passed")
+            }
+            Some(coord_raft_store::state::Outcome::Failed { code, message }) => {
+                tracing::info!(barrier = id, counter, ?code, %message, "barrier failed")
+            }
+            // GetAliveTasks rounds share the barrier wake-ups; they are not barriers.
+            None => tracing::debug!(round = id, counter, "round finished"),
+        }
+    }
+}
+
 impl ApplyListener for ApplyHub {
     fn applied(&self, last: LogId, changes: &[Change]) {
         self.applied_index.store(last.index, Ordering::Relaxed);
@@ -118,10 +165,14 @@ impl ApplyListener for ApplyHub {
                     revision: *revision,
                 }),
                 Change::BarrierDone { id, counter } => {
+                    self.log_barrier(id, *counter);
                     self.barriers.wake(&(id.clone(), *counter), &())
                 }
                 Change::ErrorRaised { seq } => self.errors.wake(&(), seq),
-                Change::TaskChanged { .. } => self.tasks.wake(&(), &()),
+                Change::TaskChanged { task } => {
+                    self.log_task(task);
+                    self.tasks.wake(&(), &())
+                }
                 Change::BarrierStarted {
                     id,
                     counter,

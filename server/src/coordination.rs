@@ -445,6 +445,19 @@ impl CoordCore {
         .await
     }
 
+    /// The barrier instances still waiting for participants, linearizable: (record, missing).
+    pub async fn open_barriers(
+        &self,
+    ) -> Result<Vec<(coord_raft_store::state::BarrierRecord, Vec<TaskName>)>, CoordError> {
+        self.read_index.linearize().await?;
+        self.with_cluster(|c| {
+            c.barriers
+                .pending()
+                .map(|b| (b.clone(), b.missing(&c.config).collect()))
+                .collect()
+        })
+    }
+
     /// The given tasks' records (all tasks if none given), linearizable; and the service
     /// incarnation.
     pub async fn task_states(

@@ -38,6 +38,15 @@ impl Heartbeats {
         g.last.insert(task.clone(), (incarnation, Instant::now()));
     }
 
+    /// How long ago the task was last heard from with `incarnation` (leader memory only).
+    pub fn age(&self, task: &TaskName, incarnation: u64) -> Option<Duration> {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        match g.last.get(task) {
+            Some((inc, at)) if *inc == incarnation => Some(at.elapsed()),
+            _ => None,
+        }
+    }
+
     fn start_leading(&self) {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         g.last.clear();

@@ -19,9 +19,10 @@ use coord_proto::coord::admin::admin_client::AdminClient;
 use coord_proto::coord::admin::StatusRequest;
 use tokio::net::TcpListener;
 
-use crate::metrics::{counter, gauge, single_histogram};
+use crate::metrics::{counter, gauge, header, single_histogram};
 use crate::peers::PeerChannels;
 use crate::replica::Replica;
+use coord_raft_store::state::TaskState;
 
 struct HttpState {
     replica: Arc<Replica>,
@@ -42,12 +43,201 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
+        .route("/", get(page))
+        .route("/api/overview", get(overview))
         .with_state(state);
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await
     {
         tracing::warn!(error = %e, "HTTP server ended with an error");
+    }
+}
+
+/// The status page: a person leaves it open during a training run; it refreshes itself from
+/// `/api/overview`.
+async fn page() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("status_page.html"),
+    )
+        .into_response()
+}
+
+#[derive(serde::Serialize)]
+struct Overview {
+    me: u64,
+    leader: Option<u64>,
+    replicas: Vec<ReplicaRow>,
+    tasks: Vec<TaskCell>,
+    barriers: Vec<BarrierLine>,
+    /// Why tasks or barriers could not be read (no leader, ...), for the page's banner.
+    problem: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct ReplicaRow {
+    id: u64,
+    addr: String,
+    reachable: bool,
+    /// The leader of the highest term any replica reports (a deposed leader that has not heard
+    /// of its successor still says "Leader", of an older term).
+    leader: bool,
+    state: Option<String>,
+    term: Option<u64>,
+    last_log_index: Option<u64>,
+    last_applied: Option<u64>,
+    lag: Option<u64>,
+}
+
+#[derive(serde::Serialize)]
+struct TaskCell {
+    name: String,
+    job: String,
+    task: u32,
+    state: String,
+    heartbeat_age_ms: Option<u64>,
+    error: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct BarrierLine {
+    id: String,
+    counter: i64,
+    arrived: Vec<String>,
+    missing: Vec<String>,
+    ms_left: Option<i64>,
+}
+
+/// Asks replica `addr` for its status, briefly.
+async fn status_of(
+    peers: &PeerChannels,
+    addr: &str,
+) -> Option<coord_proto::coord::admin::StatusReply> {
+    let channel = peers.get(addr).ok()?;
+    let mut req = tonic::Request::new(StatusRequest {});
+    req.set_timeout(Duration::from_secs(1));
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        AdminClient::new(channel).status(req),
+    )
+    .await
+    .ok()?
+    .ok()
+    .map(tonic::Response::into_inner)
+}
+
+/// Everything the status page shows: every replica's own view, and the tasks and open barriers
+/// as the leader has them (asked through this replica's own gRPC port, which routes there).
+async fn overview(State(s): State<Arc<HttpState>>) -> Json<Overview> {
+    let me = s.replica.status();
+    let mut views = Vec::new();
+    for m in &me.members {
+        let view = if m.id == me.id {
+            Some(me.to_proto())
+        } else {
+            status_of(&s.peers, &m.addr).await
+        };
+        views.push((m, view));
+    }
+    let leader_view = views
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .filter(|v| v.state == "Leader")
+        .max_by_key(|v| v.term);
+    let (leader_id, leader_log) = (
+        leader_view.map(|v| v.id),
+        leader_view.map(|v| v.last_log_index),
+    );
+    let replicas = views
+        .into_iter()
+        .map(|(m, v)| ReplicaRow {
+            id: m.id,
+            addr: m.addr.clone(),
+            reachable: v.is_some(),
+            leader: Some(m.id) == leader_id,
+            lag: v
+                .as_ref()
+                .zip(leader_log)
+                .map(|(v, l)| l.saturating_sub(v.last_applied)),
+            state: v.as_ref().map(|v| {
+                if v.state == "Leader" && Some(m.id) != leader_id {
+                    format!("Leader (deposed, term {})", v.term)
+                } else {
+                    v.state.clone()
+                }
+            }),
+            term: v.as_ref().map(|v| v.term),
+            last_log_index: v.as_ref().map(|v| v.last_log_index),
+            last_applied: v.as_ref().map(|v| v.last_applied),
+        })
+        .collect();
+
+    let mut problem = None;
+    let mut tasks = Vec::new();
+    let mut barriers = Vec::new();
+    let own = loopback(s.replica.args.listen);
+    match s.peers.get(&own) {
+        Ok(ch) => {
+            let mut client = AdminClient::new(ch);
+            let mut req = tonic::Request::new(coord_proto::coord::admin::TasksRequest {});
+            req.set_timeout(Duration::from_secs(2));
+            match client.tasks(req).await {
+                Ok(r) => {
+                    tasks = r
+                        .into_inner()
+                        .tasks
+                        .into_iter()
+                        .map(|t| TaskCell {
+                            name: format!("/job:{}/task:{}", t.job, t.task),
+                            job: t.job,
+                            task: t.task,
+                            state: t.state,
+                            heartbeat_age_ms: t.heartbeat_age_ms,
+                            error: (!t.error_message.is_empty()).then_some(t.error_message),
+                        })
+                        .collect()
+                }
+                Err(e) => problem = Some(format!("tasks: {}", e.message())),
+            }
+            let mut req = tonic::Request::new(coord_proto::coord::admin::BarriersRequest {});
+            req.set_timeout(Duration::from_secs(2));
+            match client.barriers(req).await {
+                Ok(r) => {
+                    barriers = r
+                        .into_inner()
+                        .barriers
+                        .into_iter()
+                        .map(|b| BarrierLine {
+                            id: b.id,
+                            counter: b.counter,
+                            arrived: b.arrived,
+                            missing: b.missing,
+                            ms_left: b.ms_left,
+                        })
+                        .collect()
+                }
+                Err(e) => problem = Some(format!("barriers: {}", e.message())),
+            }
+        }
+        Err(e) => problem = Some(e),
+    }
+    Json(Overview {
+        me: me.id,
+        leader: leader_id.or(me.leader_id),
+        replicas,
+        tasks,
+        barriers,
+        problem,
+    })
+}
+
+/// Where this process can reach its own gRPC port (`0.0.0.0` is not an address to dial).
+fn loopback(listen: std::net::SocketAddr) -> String {
+    if listen.ip().is_unspecified() {
+        format!("127.0.0.1:{}", listen.port())
+    } else {
+        listen.to_string()
     }
 }
 
@@ -244,6 +434,45 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         "coord_active_watches",
         "Key watch streams served by this replica.",
         r.hub.watches.active.load(Relaxed) as f64,
+    );
+    let (tasks, open_barriers) = r.kv.reader.read(|a| match &a.state.cluster {
+        Some(c) => (
+            [
+                TaskState::Disconnected,
+                TaskState::Connected,
+                TaskState::Error,
+            ]
+            .map(|st| (st, c.tasks.count_in(st))),
+            c.barriers.pending().count(),
+        ),
+        None => (
+            [
+                TaskState::Disconnected,
+                TaskState::Connected,
+                TaskState::Error,
+            ]
+            .map(|st| (st, 0)),
+            0,
+        ),
+    });
+    header(
+        &mut out,
+        "coord_tasks",
+        "gauge",
+        "Tasks of the coordinated job by state (this replica's applied state).",
+    );
+    for (st, n) in tasks {
+        let _ = writeln!(
+            out,
+            "coord_tasks{{state=\"{}\"}} {n}",
+            crate::status::task_state_name(st)
+        );
+    }
+    gauge(
+        &mut out,
+        "coord_open_barriers",
+        "Barrier instances waiting for participants.",
+        open_barriers as f64,
     );
     let keys = r.kv.reader.read(|a| a.state.kv.len());
     gauge(

@@ -57,6 +57,23 @@ fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> CoordErr
     }
 }
 
+/// Logs a new learner's progress every second until it has caught up (a long catch-up, or a
+/// snapshot being sent, is visible in the leader's log).
+async fn report_catch_up(raft: Raft, id: NodeId) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let m = raft.metrics().borrow().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        let matched = m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&id).cloned())
+            .flatten()
+            .map_or(0, |l| l.index);
+        tracing::info!(replica = id, matched, of = last, "new replica catching up");
+    }
+}
+
 impl MembershipAdmin {
     pub fn new(raft: Raft, me: NodeId, source: Option<std::net::IpAddr>) -> Self {
         Self {
@@ -161,11 +178,14 @@ impl MembershipAdmin {
         self.require_quorum(&after, &all, &format!("adding replica {id}"))
             .await?;
         tracing::info!(id, %addr, "adding a replica: catching it up as a learner");
-        match tokio::time::timeout(
+        let progress = tokio::spawn(report_catch_up(self.raft.clone(), id));
+        let added = tokio::time::timeout(
             CATCH_UP_TIMEOUT,
             self.raft.add_learner(id, Node::new(addr.clone()), true),
         )
-        .await
+        .await;
+        progress.abort();
+        match added
         {
             Ok(r) => r.map_err(write_error)?,
             Err(_) => {

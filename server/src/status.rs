@@ -2,6 +2,7 @@
 //! `coord.admin.Admin/Status`.
 
 use coord_proto::coord::admin as pb;
+use coord_raft_store::state::TaskState;
 use coord_raft_store::types::{NodeId, Raft};
 use openraft::ServerState;
 use serde::Serialize;
@@ -28,6 +29,15 @@ pub struct MemberStatus {
     pub voter: bool,
     /// Leader only: the last index known to be on that member.
     pub matched_index: Option<u64>,
+}
+
+/// A task state as coordctl and the status page print it (TensorFlow's names, without prefix).
+pub fn task_state_name(s: TaskState) -> &'static str {
+    match s {
+        TaskState::Disconnected => "DISCONNECTED",
+        TaskState::Connected => "CONNECTED",
+        TaskState::Error => "ERROR",
+    }
 }
 
 pub fn state_name(s: ServerState) -> &'static str {
@@ -138,6 +148,106 @@ impl pb::admin_server::Admin for AdminService {
         Ok(tonic::Response::new(
             ReplicaStatus::of(&self.raft).to_proto(),
         ))
+    }
+
+    async fn tasks(
+        &self,
+        req: tonic::Request<pb::TasksRequest>,
+    ) -> Result<tonic::Response<pb::TasksReply>, tonic::Status> {
+        let core = &*self.core;
+        self.router
+            .route(
+                "Tasks",
+                crate::route::Kind::Read,
+                req,
+                |_, _| async move {
+                    let (service_incarnation, records) = core.task_states(Vec::new()).await?;
+                    let tasks = records
+                        .into_iter()
+                        .map(|(t, r)| pb::TaskRow {
+                            heartbeat_age_ms: (r.state == TaskState::Connected)
+                                .then(|| core.heartbeats.age(&t, r.incarnation))
+                                .flatten()
+                                .map(|d| d.as_millis() as u64),
+                            job: t.job,
+                            task: t.task,
+                            state: task_state_name(r.state).to_string(),
+                            incarnation: r.incarnation,
+                            error_code: r.error.as_ref().map_or(0, |e| e.code as i32),
+                            error_message: r.error.map_or_else(String::new, |e| e.message),
+                        })
+                        .collect();
+                    Ok(pb::TasksReply {
+                        service_incarnation,
+                        tasks,
+                    })
+                },
+                |ch, r| async move { pb::admin_client::AdminClient::new(ch).tasks(r).await },
+            )
+            .await
+    }
+
+    async fn barriers(
+        &self,
+        req: tonic::Request<pb::BarriersRequest>,
+    ) -> Result<tonic::Response<pb::BarriersReply>, tonic::Status> {
+        let core = &*self.core;
+        self.router
+            .route(
+                "Barriers",
+                crate::route::Kind::Read,
+                req,
+                |_, _| async move {
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64);
+                    let barriers = core
+                        .open_barriers()
+                        .await?
+                        .into_iter()
+                        .map(|(b, missing)| pb::BarrierRow {
+                            ms_left: b.deadline_ms.map(|d| d as i64 - now_ms),
+                            deadline_ms: b.deadline_ms,
+                            id: b.id,
+                            counter: b.counter,
+                            arrived: b.arrived.iter().map(ToString::to_string).collect(),
+                            missing: missing.iter().map(ToString::to_string).collect(),
+                        })
+                        .collect();
+                    Ok(pb::BarriersReply { barriers })
+                },
+                |ch, r| async move { pb::admin_client::AdminClient::new(ch).barriers(r).await },
+            )
+            .await
+    }
+
+    /// Not routed: every replica snapshots its own state.
+    async fn snapshot(
+        &self,
+        _: tonic::Request<pb::SnapshotRequest>,
+    ) -> Result<tonic::Response<pb::SnapshotReply>, tonic::Status> {
+        let applied = ReplicaStatus::of(&self.raft).last_applied;
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| tonic::Status::internal(format!("cannot trigger a snapshot: {e}")))?;
+        let waited = self
+            .raft
+            .wait(Some(std::time::Duration::from_secs(60)))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                "snapshot taken",
+            )
+            .await;
+        match waited {
+            Ok(m) => Ok(tonic::Response::new(pb::SnapshotReply {
+                snapshot_index: m.snapshot.map_or(0, |s| s.index),
+            })),
+            Err(e) => Err(tonic::Status::deadline_exceeded(format!(
+                "the snapshot of index {applied} did not complete: {e}"
+            ))),
+        }
     }
 
     async fn add_member(

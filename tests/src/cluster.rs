@@ -99,6 +99,14 @@ pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) ->
     if let Some(p) = env_override.and_then(|v| std::env::var(v).ok()) {
         return PathBuf::from(p);
     }
+    // Built once per test process.
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, p)) = built.iter().find(|(b, _)| b == bin) {
+        return p.clone();
+    }
     let profile_dir = profile_dir();
     let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
     let release = profile_dir.ends_with("release");
@@ -124,7 +132,9 @@ pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) ->
         .status()
         .unwrap_or_else(|e| panic!("run cargo build for the {bin} binary: {e}"));
     assert!(status.success(), "building the {bin} binary failed");
-    profile_dir.join(bin)
+    let path = profile_dir.join(bin);
+    built.push((bin.to_string(), path.clone()));
+    path
 }
 
 /// `n` distinct free loopback ports for servers the test starts.

@@ -6,21 +6,38 @@
 //! coordctl kv put config/lr 0.01
 //! coordctl kv get config/lr          # waits until the key exists
 //! coordctl kv ls config
+//! coordctl kv watch config           # every change under config/, until interrupted
 //! coordctl kv rm config
+//! coordctl tasks                     # state, incarnation, age of the last heartbeat
+//! coordctl barriers                  # open barriers: who arrived, who is missing, time left
+//! coordctl snapshot                  # every replica snapshots now
 //! coordctl member list
 //! coordctl member add 4 127.0.0.1:7104    # a replica started with --join
 //! coordctl member remove 3
+//! coordctl -o json tasks             # JSON for scripts (kv watch: one JSON object per line)
 //! ```
 //!
-//! Exit codes: 0 success, 1 the ensemble answered with an error, 2 bad usage, 3 a key that
-//! `try-get` did not find, 4 the ensemble was unreachable.
+//! Exit codes: 0 success, 1 the ensemble answered with an error, 2 bad usage or a request the
+//! ensemble refused as invalid, 3 a key that `try-get` did not find, 4 the ensemble was
+//! unreachable. With `-o json`, an error is also printed as `{"error": {"code", "message"}}` on
+//! stderr.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use coord_agent::watch::{ChangeKind, WatchSet};
 use coord_agent::{ClientOptions, CoordClient};
+use serde_json::{json, Value};
 use tonic::{Code, Status};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Aligned columns for a person.
+    Table,
+    /// JSON for scripts.
+    Json,
+}
 
 #[derive(Parser)]
 #[command(name = "coordctl", version, about = "Talk to a coord ensemble")]
@@ -36,14 +53,23 @@ struct Cli {
     /// Give up after the ensemble was unreachable this long.
     #[arg(long, default_value = "10")]
     timeout_secs: u64,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table", global = true)]
+    output: Output,
     #[command(subcommand)]
     command: Cmd,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every replica's view: leader, term, log and applied index.
+    /// Every replica's view: leader, term, log and applied index, lag behind the leader.
     Status,
+    /// Every task: state, incarnation, age of its last heartbeat.
+    Tasks,
+    /// Open barriers: who arrived, who is missing, the time left.
+    Barriers,
+    /// Every replica takes a snapshot now (and compacts its log).
+    Snapshot,
     /// The key-value store.
     #[command(subcommand)]
     Kv(KvCmd),
@@ -89,6 +115,8 @@ enum KvCmd {
     Ls { dir: String },
     /// Delete a key and everything under it.
     Rm { key: String },
+    /// Print every change of a key and the keys under it, until interrupted.
+    Watch { key: String },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -98,22 +126,108 @@ async fn main() -> ExitCode {
     options.unavailable_after = Duration::from_secs(cli.timeout_secs);
     let client = match CoordClient::new(options) {
         Ok(c) => c,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e, cli.output),
     };
+    let out = cli.output;
     let result = match cli.command {
-        Cmd::Status => status(&client, &cli.endpoints).await,
-        Cmd::Kv(cmd) => kv(&client, cmd).await,
-        Cmd::Member(cmd) => member(&client, cmd).await,
+        Cmd::Status => status(&client, &cli.endpoints, out).await,
+        Cmd::Tasks => tasks(&client, out).await,
+        Cmd::Barriers => barriers(&client, out).await,
+        Cmd::Snapshot => snapshot(&client, &cli.endpoints, out).await,
+        Cmd::Kv(cmd) => kv(&client, cmd, out).await,
+        Cmd::Member(cmd) => member(&client, cmd, out).await,
         Cmd::Health { http, live } => Ok(health(&http, if live { "/livez" } else { "/readyz" })),
     };
     match result {
         Ok(code) => code,
-        Err(e) => fail(&e),
+        Err(e) => fail(&e, out),
     }
 }
 
-fn fail(e: &Status) -> ExitCode {
-    eprintln!("coordctl: {:?}: {}", e.code(), e.message());
+/// Rows with named columns, printed as a table or as a JSON array of objects.
+struct Table {
+    columns: &'static [&'static str],
+    rows: Vec<Vec<Value>>,
+}
+
+impl Table {
+    fn new(columns: &'static [&'static str]) -> Self {
+        Self {
+            columns,
+            rows: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, row: Vec<Value>) {
+        self.rows.push(row);
+    }
+
+    fn print(&self, out: Output) {
+        if out == Output::Json {
+            let objects: Vec<Value> = self
+                .rows
+                .iter()
+                .map(|r| {
+                    let map = self
+                        .columns
+                        .iter()
+                        .map(|c| c.to_lowercase().replace(' ', "_"))
+                        .zip(r.iter().cloned())
+                        .collect::<serde_json::Map<_, _>>();
+                    Value::Object(map)
+                })
+                .collect();
+            println!("{}", Value::Array(objects));
+            return;
+        }
+        let cells: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| r.iter().map(cell).collect())
+            .collect();
+        let widths: Vec<usize> = (0..self.columns.len())
+            .map(|i| {
+                cells
+                    .iter()
+                    .map(|r| r[i].len())
+                    .chain([self.columns[i].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |values: Vec<String>| {
+            let padded: Vec<String> = values
+                .iter()
+                .zip(&widths)
+                .map(|(v, w)| format!("{v:<w$}"))
+                .collect();
+            println!("{}", padded.join("  ").trim_end());
+        };
+        line(self.columns.iter().map(|c| c.to_string()).collect());
+        for r in cells {
+            line(r);
+        }
+    }
+}
+
+/// A value as a table shows it.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.is_empty() => "-".into(),
+        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+fn fail(e: &Status, out: Output) -> ExitCode {
+    if out == Output::Json {
+        let err = json!({"error": {"code": format!("{:?}", e.code()), "message": e.message()}});
+        eprintln!("{err}");
+    } else {
+        eprintln!("coordctl: {:?}: {}", e.code(), e.message());
+    }
     match e.code() {
         Code::Unavailable => ExitCode::from(4),
         Code::InvalidArgument => ExitCode::from(2),
@@ -121,46 +235,134 @@ fn fail(e: &Status) -> ExitCode {
     }
 }
 
-async fn status(client: &CoordClient, endpoints: &[String]) -> Result<ExitCode, Status> {
-    println!(
-        "{:<22} {:>4} {:<10} {:>6} {:>8} {:>10} {:>12}",
-        "ENDPOINT", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "LAST APPLIED"
-    );
-    let mut reachable = 0;
+async fn status(
+    client: &CoordClient,
+    endpoints: &[String],
+    out: Output,
+) -> Result<ExitCode, Status> {
+    let mut replies = Vec::new();
     for (i, ep) in endpoints.iter().enumerate() {
-        match client.status_of(i).await {
-            Ok(s) => {
-                reachable += 1;
-                let leader = s.leader_id.map_or("-".to_string(), |l| l.to_string());
-                println!(
-                    "{ep:<22} {:>4} {:<10} {leader:>6} {:>8} {:>10} {:>12}",
-                    s.id, s.state, s.term, s.last_log_index, s.last_applied
-                );
-            }
-            Err(e) => println!("{ep:<22} unreachable: {}", e.message()),
-        }
+        replies.push((ep, client.status_of(i).await));
     }
-    if reachable == 0 {
+    if replies.iter().all(|(_, r)| r.is_err()) {
         return Err(Status::unavailable("no replica answered"));
     }
+    // Lag: how far each replica's applied state is behind the leader's log.
+    let leader_log = replies
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .find(|s| s.state == "Leader")
+        .map(|s| s.last_log_index);
+    let mut t = Table::new(&[
+        "ENDPOINT", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "LAG", "ERROR",
+    ]);
+    for (ep, r) in replies {
+        match r {
+            Ok(s) => t.push(vec![
+                json!(ep),
+                json!(s.id),
+                json!(s.state),
+                json!(s.leader_id),
+                json!(s.term),
+                json!(s.last_log_index),
+                json!(s.last_applied),
+                json!(leader_log.map(|l| l.saturating_sub(s.last_applied))),
+                Value::Null,
+            ]),
+            Err(e) => t.push(vec![
+                json!(ep),
+                Value::Null,
+                json!("unreachable"),
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                json!(e.message()),
+            ]),
+        }
+    }
+    t.print(out);
     Ok(ExitCode::SUCCESS)
 }
 
-async fn member(client: &CoordClient, cmd: MemberCmd) -> Result<ExitCode, Status> {
+async fn tasks(client: &CoordClient, out: Output) -> Result<ExitCode, Status> {
+    let reply = client.tasks().await?;
+    let mut t = Table::new(&["TASK", "STATE", "INCARNATION", "HEARTBEAT AGE MS", "ERROR"]);
+    for r in reply.tasks {
+        t.push(vec![
+            json!(format!("/job:{}/task:{}", r.job, r.task)),
+            json!(r.state),
+            json!(format!("{:#x}", r.incarnation)),
+            json!(r.heartbeat_age_ms),
+            if r.error_message.is_empty() {
+                Value::Null
+            } else {
+                json!(r.error_message)
+            },
+        ]);
+    }
+    t.print(out);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn barriers(client: &CoordClient, out: Output) -> Result<ExitCode, Status> {
+    let reply = client.barriers().await?;
+    let mut t = Table::new(&["ID", "COUNTER", "ARRIVED", "MISSING", "MS LEFT"]);
+    for b in reply.barriers {
+        t.push(vec![
+            json!(b.id),
+            json!(b.counter),
+            json!(b.arrived),
+            json!(b.missing),
+            json!(b.ms_left),
+        ]);
+    }
+    t.print(out);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn snapshot(
+    client: &CoordClient,
+    endpoints: &[String],
+    out: Output,
+) -> Result<ExitCode, Status> {
+    let mut t = Table::new(&["ENDPOINT", "SNAPSHOT INDEX", "ERROR"]);
+    let mut failed = 0;
+    for (i, ep) in endpoints.iter().enumerate() {
+        match client.snapshot_of(i).await {
+            Ok(index) => t.push(vec![json!(ep), json!(index), Value::Null]),
+            Err(e) => {
+                failed += 1;
+                t.push(vec![json!(ep), Value::Null, json!(e.message())]);
+            }
+        }
+    }
+    t.print(out);
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn member(client: &CoordClient, cmd: MemberCmd, out: Output) -> Result<ExitCode, Status> {
     let members = match cmd {
         MemberCmd::List => client.members().await?,
         MemberCmd::Add { id, addr } => client.add_member(id, &addr).await?,
         MemberCmd::Remove { id } => client.remove_member(id).await?,
     };
-    println!(
-        "{:>4} {:<22} {:<8} {:>8}",
-        "ID", "ADDRESS", "ROLE", "MATCHED"
-    );
+    let mut t = Table::new(&["ID", "ADDRESS", "ROLE", "MATCHED"]);
     for m in members {
-        let matched = m.matched_index.map_or("-".to_string(), |i| i.to_string());
         let role = if m.voter { "voter" } else { "learner" };
-        println!("{:>4} {:<22} {role:<8} {matched:>8}", m.id, m.addr);
+        t.push(vec![
+            json!(m.id),
+            json!(m.addr),
+            json!(role),
+            json!(m.matched_index),
+        ]);
     }
+    t.print(out);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -199,27 +401,78 @@ fn health(addr: &str, path: &str) -> ExitCode {
     }
 }
 
-async fn kv(client: &CoordClient, cmd: KvCmd) -> Result<ExitCode, Status> {
+async fn kv(client: &CoordClient, cmd: KvCmd, out: Output) -> Result<ExitCode, Status> {
+    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    let value = |key: &str, v: &[u8]| {
+        if out == Output::Json {
+            println!("{}", json!({"key": key, "value": text(v)}));
+        } else {
+            println!("{}", text(v));
+        }
+    };
     match cmd {
         KvCmd::Put {
             key,
             value,
             overwrite,
         } => client.insert(&key, value.into_bytes(), overwrite).await?,
-        KvCmd::Get { key } => println!("{}", String::from_utf8_lossy(&client.get(&key).await?)),
+        KvCmd::Get { key } => value(&key, &client.get(&key).await?),
         KvCmd::TryGet { key } => match client.try_get(&key).await? {
-            Some(v) => println!("{}", String::from_utf8_lossy(&v)),
+            Some(v) => value(&key, &v),
             None => {
-                eprintln!("coordctl: key {key:?} not found");
+                let e = Status::not_found(format!("key {key:?} not found"));
+                fail(&e, out);
                 return Ok(ExitCode::from(3));
             }
         },
         KvCmd::Ls { dir } => {
+            let mut t = Table::new(&["KEY", "VALUE"]);
             for (k, v) in client.get_dir(&dir).await? {
-                println!("{k}\t{}", String::from_utf8_lossy(&v));
+                t.push(vec![json!(k), json!(text(&v))]);
             }
+            t.print(out);
         }
         KvCmd::Rm { key } => client.delete(&key).await?,
+        KvCmd::Watch { key } => return watch(client, &key, out).await,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints every change under `key` as it commits (resuming across leader changes), until
+/// interrupted or the watch fails.
+async fn watch(client: &CoordClient, key: &str, out: Output) -> Result<ExitCode, Status> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let watches = WatchSet::new(client.clone());
+    watches.start(
+        key,
+        std::sync::Arc::new(move |changes| {
+            let _ = tx.send(changes);
+        }),
+    )?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            got = rx.recv() => match got {
+                None => return Ok(ExitCode::SUCCESS),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(changes)) => {
+                    for c in changes {
+                        let kind = match c.kind {
+                            ChangeKind::Put => "PUT",
+                            ChangeKind::Delete => "DELETE",
+                        };
+                        let v = String::from_utf8_lossy(&c.value);
+                        if out == Output::Json {
+                            println!(
+                                "{}",
+                                json!({"kind": kind, "key": c.key, "value": v, "revision": c.revision})
+                            );
+                        } else {
+                            println!("{kind}\t{}\t{v}\t{}", c.key, c.revision);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,222 @@
+//! `coordctl` as a script uses it: the real binary against a 3-replica ensemble, `-o json`
+//! output parsed, exit codes checked; and the metrics it reads beside.
+
+use std::io::BufRead;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use coord_agent::{ClientOptions, CoordClient};
+use coord_proto::tensorflow as tf;
+use coord_tests::cluster::{free_ports, workspace_binary};
+use coord_tests::{http, Cluster, ClusterOptions};
+use serde_json::Value;
+
+fn coordctl(endpoints: &[String], args: &[&str]) -> Output {
+    Command::new(workspace_binary("coord-agent", "coordctl", None))
+        .arg("--endpoints")
+        .arg(endpoints.join(","))
+        .args(args)
+        .output()
+        .expect("run coordctl")
+}
+
+/// Runs `coordctl -o json ARGS`, expects success, parses stdout.
+fn json(endpoints: &[String], args: &[&str]) -> Value {
+    let mut all = vec!["-o", "json"];
+    all.extend(args);
+    let out = coordctl(endpoints, &all);
+    assert!(
+        out.status.success(),
+        "coordctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "coordctl {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn worker(i: i32) -> tf::CoordinatedTask {
+    tf::CoordinatedTask {
+        job_name: "worker".into(),
+        task_id: i,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordctl_reports_the_ensemble_tasks_and_barriers() {
+    let mut cluster = Cluster::start(ClusterOptions {
+        extra_args: ["--job", "worker=2", "--heartbeat-timeout-ms", "60000"]
+            .map(String::from)
+            .into(),
+        ..ClusterOptions::default()
+    });
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let eps = cluster.endpoints();
+
+    let status = json(&eps, &["status"]);
+    let rows = status.as_array().expect("an array");
+    assert_eq!(rows.len(), 3);
+    let leaders: Vec<&Value> = rows.iter().filter(|r| r["state"] == "Leader").collect();
+    assert_eq!(leaders.len(), 1, "{status}");
+    assert_eq!(leaders[0]["id"], leader);
+    assert!(rows.iter().all(|r| r["lag"].is_u64()), "{status}");
+
+    let members = json(&eps, &["member", "list"]);
+    assert_eq!(members.as_array().map(Vec::len), Some(3), "{members}");
+    assert!(members
+        .as_array()
+        .is_some_and(|m| m.iter().all(|r| r["role"] == "voter")));
+
+    // Task 0 registers and waits at a barrier of both tasks; task 1 never comes.
+    let client = CoordClient::new(ClientOptions::new(eps.clone())).expect("client");
+    client.register_task(&worker(0), 7).await.expect("register");
+    let waiting = {
+        let c = client.clone();
+        tokio::spawn(async move {
+            c.barrier(
+                "sync",
+                0,
+                Duration::from_secs(600),
+                &[worker(0), worker(1)],
+                &worker(0),
+            )
+            .await
+        })
+    };
+    let tasks = json(&eps, &["tasks"]);
+    let row = |name: &str| {
+        tasks
+            .as_array()
+            .and_then(|t| t.iter().find(|r| r["task"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {tasks}"))
+    };
+    let w0 = row("/job:worker/task:0");
+    assert_eq!(w0["state"], "CONNECTED");
+    assert_eq!(w0["incarnation"], "0x7");
+    assert!(w0["heartbeat_age_ms"].is_u64(), "{w0}");
+    assert_eq!(row("/job:worker/task:1")["state"], "DISCONNECTED");
+
+    let mut open = Value::Null;
+    cluster
+        .wait_until(Duration::from_secs(30), "the barrier to show", |_| {
+            open = json(&eps, &["barriers"]);
+            open.as_array().is_some_and(|b| !b.is_empty())
+        })
+        .await;
+    let b = &open[0];
+    assert_eq!(b["id"], "sync", "{open}");
+    assert_eq!(
+        b["arrived"],
+        serde_json::json!(["/job:worker/replica:0/task:0"])
+    );
+    assert_eq!(
+        b["missing"],
+        serde_json::json!(["/job:worker/replica:0/task:1"])
+    );
+    assert!(b["ms_left"].as_i64().is_some_and(|ms| ms > 0), "{open}");
+    // The same, in the leader's metrics.
+    let (_, metrics) = http::get(cluster.replica(leader).http, "/metrics").expect("metrics");
+    assert!(
+        metrics.contains("coord_tasks{state=\"CONNECTED\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("coord_open_barriers 1"), "{metrics}");
+    // A table for people: a header and one row per barrier.
+    let table = coordctl(&eps, &["barriers"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.starts_with("ID"), "{text}");
+    assert!(text.contains("/job:worker/replica:0/task:1"), "{text}");
+    waiting.abort();
+    client
+        .cancel_barrier("sync", 0, &worker(0))
+        .await
+        .expect("cancel");
+    // One log line for the task's state change and one for the barrier's outcome, on every
+    // replica.
+    let logged = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("task state")
+                && l.contains("/job:worker/replica:0/task:0")
+                && l.contains("CONNECTED")
+        }) && log
+            .lines()
+            .any(|l| l.contains("barrier failed") && l.contains("sync"))
+    };
+    cluster
+        .wait_until(Duration::from_secs(10), "the lines in every log", |c| {
+            c.ids().into_iter().all(|id| logged(&c.log(id)))
+        })
+        .await;
+
+    // Snapshots on every replica.
+    let snaps = json(&eps, &["snapshot"]);
+    assert!(
+        snaps.as_array().is_some_and(
+            |s| s.len() == 3 && s.iter().all(|r| r["snapshot_index"].as_u64() > Some(0))
+        ),
+        "{snaps}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordctl_kv_watch_and_exit_codes() {
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let eps = cluster.endpoints();
+
+    // A watch prints each change as one JSON line.
+    let mut watch = Command::new(workspace_binary("coord-agent", "coordctl", None))
+        .arg("--endpoints")
+        .arg(eps.join(","))
+        .args(["-o", "json", "kv", "watch", "cfg"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the watch");
+    let mut lines = std::io::BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    // The watch starts from the moment it is open: write until it has seen a change.
+    let reader = std::thread::spawn(move || lines.next());
+    let mut n = 0;
+    while !reader.is_finished() {
+        assert!(n < 600, "the watch printed nothing");
+        let put = coordctl(
+            &eps,
+            &["kv", "put", "--overwrite", "cfg/lr", &format!("{n}")],
+        );
+        assert!(put.status.success());
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let line = reader
+        .join()
+        .expect("reader")
+        .expect("a line")
+        .expect("utf-8");
+    let event: Value = serde_json::from_str(&line).expect("a JSON line");
+    assert_eq!(event["kind"], "PUT", "{line}");
+    assert_eq!(event["key"], "cfg/lr", "{line}");
+    assert!(event["revision"].as_u64() > Some(0), "{line}");
+
+    let got = json(&eps, &["kv", "get", "cfg/lr"]);
+    assert_eq!(got["key"], "cfg/lr");
+
+    // Stable exit codes.
+    let missing = coordctl(&eps, &["-o", "json", "kv", "try-get", "nope"]);
+    assert_eq!(missing.status.code(), Some(3));
+    let err: Value = serde_json::from_slice(&missing.stderr).expect("error JSON");
+    assert_eq!(err["error"]["code"], "NotFound", "{err}");
+    let exists = coordctl(&eps, &["kv", "put", "cfg/lr", "x"]);
+    assert_eq!(exists.status.code(), Some(1), "ALREADY_EXISTS is an answer");
+    let empty = coordctl(&eps, &["kv", "put", "", "x"]);
+    assert_eq!(empty.status.code(), Some(2), "an invalid request");
+    let usage = coordctl(&eps, &["kv"]);
+    assert_eq!(usage.status.code(), Some(2), "bad usage");
+    let nowhere = format!("127.0.0.1:{}", free_ports(1)[0]);
+    let unreachable = coordctl(&[nowhere], &["--timeout-secs", "1", "kv", "try-get", "x"]);
+    assert_eq!(unreachable.status.code(), Some(4));
+}
