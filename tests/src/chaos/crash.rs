@@ -213,6 +213,13 @@ pub async fn crash_loop(options: &CrashOptions) -> CrashReport {
         report.recoveries.push(recovery);
         report.acked_inserts += acked.len();
         report.cycles += 1;
+        // A long loop shows where it is.
+        if report.cycles % 25 == 0 {
+            eprintln!(
+                "crash loop: {}/{} cycles, {} inserts verified, worst recovery {:?}",
+                report.cycles, options.cycles, report.acked_inserts, report.worst_recovery
+            );
+        }
     }
     report.acked_increments = increments_acked;
     for id in cluster.ids() {
