@@ -383,6 +383,13 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         &p.commit_latency,
     );
 
+    single_histogram(
+        &mut out,
+        "coord_apply_latency_seconds",
+        "Applying a batch of committed entries to the state machine (and waking the calls they answer).",
+        r.kv.reader.apply_latency(),
+    );
+
     let ri = r.kv.read_index.stats();
     counter(
         &mut out,

@@ -125,6 +125,11 @@ async fn coordctl_reports_the_ensemble_tasks_and_barriers() {
         "{metrics}"
     );
     assert!(metrics.contains("coord_open_barriers 1"), "{metrics}");
+    let applied_batches = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("coord_apply_latency_seconds_count"))
+        .and_then(|rest| rest.rsplit(' ').next()?.trim().parse::<u64>().ok());
+    assert!(applied_batches > Some(0), "{metrics}");
     // A table for people: a header and one row per barrier.
     let table = coordctl(&eps, &["barriers"]);
     let text = String::from_utf8_lossy(&table.stdout);

@@ -43,9 +43,15 @@ pub struct Applied {
 #[derive(Clone, Default)]
 pub struct StateReader {
     inner: Arc<RwLock<Applied>>,
+    /// How long applying a batch of committed entries takes (state change and wake-ups).
+    apply_latency: Arc<crate::stats::Histogram>,
 }
 
 impl StateReader {
+    pub fn apply_latency(&self) -> &crate::stats::Histogram {
+        &self.apply_latency
+    }
+
     /// Runs `f` on the current state. Keep `f` short: apply waits while it runs.
     pub fn read<R>(&self, f: impl FnOnce(&Applied) -> R) -> R {
         f(&self.lock_read())
@@ -109,6 +115,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let started = std::time::Instant::now();
         let mut results = Vec::new();
         let mut changes = Vec::new();
         let last = {
@@ -129,6 +136,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if let Some(last) = last {
             self.listener.applied(last, &changes);
         }
+        self.reader.apply_latency.record(started.elapsed());
         Ok(results)
     }
 
@@ -149,6 +157,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), last = ?meta.last_log_id, "installing a snapshot received from the leader");
         let origin = format!("{} received from the leader", meta.snapshot_id);
         let body = snapshot::decode(&bytes, &origin).map_err(|e| {
             StorageIOError::read_snapshot(Some(meta.signature()), openraft::AnyError::new(&e))
@@ -181,6 +190,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             g.membership = meta.last_membership.clone();
         }
         self.listener.replaced(meta.last_log_id);
+        tracing::info!(snapshot = %meta.snapshot_id, "snapshot installed");
         Ok(())
     }
 

@@ -48,8 +48,6 @@ enum Cmd {
         #[arg(long)]
         task_id: i32,
         #[arg(long)]
-        tasks: usize,
-        #[arg(long)]
         steps: i64,
         #[arg(long)]
         step_ms: u64,
@@ -102,26 +100,22 @@ async fn main() {
         Cmd::Task {
             endpoints,
             task_id,
-            tasks,
             steps,
             step_ms,
             grace_ms,
             checkpoint_dir,
             epoch_ms,
         } => {
-            let code = task::run(
-                TaskArgs {
-                    endpoints,
-                    job: JOB.to_string(),
-                    task_id,
-                    steps,
-                    step_time: Duration::from_millis(step_ms),
-                    grace: Duration::from_millis(grace_ms),
-                    checkpoint_dir,
-                    epoch_ms,
-                },
-                tasks,
-            )
+            let code = task::run(TaskArgs {
+                endpoints,
+                job: JOB.to_string(),
+                task_id,
+                steps,
+                step_time: Duration::from_millis(step_ms),
+                grace: Duration::from_millis(grace_ms),
+                checkpoint_dir,
+                epoch_ms,
+            })
             .await;
             std::process::exit(code);
         }

@@ -113,7 +113,6 @@ impl Tasks {
             .arg("task")
             .args(["--endpoints", &self.endpoints.join(",")])
             .args(["--task-id", &id.to_string()])
-            .args(["--tasks", &self.options.tasks.to_string()])
             .args(["--steps", &self.options.steps.to_string()])
             .args(["--step-ms", &self.options.step_time.as_millis().to_string()])
             .args(["--grace-ms", &self.options.grace.as_millis().to_string()])

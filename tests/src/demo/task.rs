@@ -1,6 +1,7 @@
 //! One training task of the demo job: a step loop with preemption sync and checkpoints.
 //!
-//! The task registers, resumes from the last checkpoint every task reached, and runs steps. On
+//! The task registers, resumes from its last checkpoint (taken at a sync point every task agreed
+//! on) once every task is there, and runs steps. On
 //! SIGTERM it will be preempted `grace` later: it publishes the notice, and at the agreed sync
 //! point every task writes a checkpoint marker; the preempted task then exits, the others wait for
 //! it to come back (barrier `demo/resume/<step>`) and go on together. Every event is printed as
@@ -63,7 +64,7 @@ pub fn checkpoint_key(job: &str, task: i32) -> String {
 }
 
 /// Runs the task to its last step; returns the process exit code.
-pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
+pub async fn run(args: TaskArgs) -> i32 {
     let who = format!("{}/{}", args.job, args.task_id);
     let tl = Timeline::new(who, args.epoch_ms);
     let mut config = AgentConfig::new(args.endpoints.clone(), args.job.clone(), args.task_id);
@@ -88,16 +89,20 @@ pub async fn run(args: TaskArgs, tasks_in_job: usize) -> i32 {
         config.incarnation
     ));
 
-    // The step everyone's checkpoint reached (a task with no checkpoint counts as step 0).
-    let resume = match agent.get_key_value_dir("demo/ckpt").await {
-        Ok(all) if all.len() >= tasks_in_job => all
-            .iter()
-            .filter_map(|(_, v)| String::from_utf8_lossy(v).parse::<i64>().ok())
-            .min()
+    // This task's last checkpoint. Checkpoints are written only at a sync point every task
+    // agreed on, so the others checkpoint the same step (perhaps a moment later than this task,
+    // which exited right after its own): the resume barrier below waits for all of them. Taking
+    // the minimum of everyone's checkpoints here instead raced with the slower ones and restarted
+    // from scratch.
+    let resume = match agent
+        .try_get_key_value(&checkpoint_key(&args.job, args.task_id))
+        .await
+    {
+        Ok(v) => v
+            .and_then(|v| String::from_utf8_lossy(&v).parse::<i64>().ok())
             .unwrap_or(0),
-        Ok(_) => 0,
         Err(e) => {
-            tl.say(format!("cannot read checkpoints: {}", e.message()));
+            tl.say(format!("cannot read the checkpoint: {}", e.message()));
             return 2;
         }
     };
