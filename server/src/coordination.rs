@@ -35,10 +35,6 @@ pub struct CoordCore {
     pub devices: std::sync::Mutex<Option<(u64, Arc<Vec<DeviceInfo>>)>>,
 }
 
-fn op_status(code: Code, message: String) -> CoordError {
-    CoordError::Op(OpError::Status { code, message })
-}
-
 fn unexpected(what: &str, out: &Output) -> CoordError {
     CoordError::Internal(format!("{what} returned {out:?}"))
 }
@@ -110,7 +106,7 @@ impl CoordCore {
             other => return Err(unexpected("RegisterAtBarrier", &other)),
         };
         if let Outcome::Failed { code, message } = outcome {
-            return Err(op_status(code, message));
+            return Err(CoordError::status(code, message));
         }
         self.heartbeats.record(&task, incarnation);
         self.service_incarnation()
@@ -181,11 +177,11 @@ impl CoordCore {
     ) -> Result<ErrorEvent, CoordError> {
         self.read_index.linearize().await?;
         let after = self.with_cluster(|c| match c.tasks.get(&task) {
-            None => Err(op_status(
+            None => Err(CoordError::status(
                 Code::InvalidArgument,
                 c.config.why_unknown(&task),
             )),
-            Some(r) if r.state == TaskState::Disconnected => Err(op_status(
+            Some(r) if r.state == TaskState::Disconnected => Err(CoordError::status(
                 Code::FailedPrecondition,
                 format!("task {task} polls for errors but is not registered"),
             )),
@@ -199,11 +195,11 @@ impl CoordCore {
     pub fn heartbeat(&self, task: &TaskName, incarnation: u64) -> Result<u64, CoordError> {
         let outcome = self.with_cluster(|c| {
             let Some(rec) = c.tasks.get(task) else {
-                return Err(op_status(Code::InvalidArgument, c.config.why_unknown(task)));
+                return Err(CoordError::status(Code::InvalidArgument, c.config.why_unknown(task)));
             };
             match rec.state {
                 TaskState::Connected if rec.incarnation == incarnation => Ok(c.service_incarnation),
-                TaskState::Connected => Err(op_status(
+                TaskState::Connected => Err(CoordError::status(
                     Code::Aborted,
                     format!(
                         "heartbeat from task {task} with incarnation {incarnation:#x}, but it registered with {:#x}: it restarted and must register again",
@@ -211,7 +207,7 @@ impl CoordCore {
                     ),
                 )),
                 TaskState::Error => Err(task_error(task, rec)),
-                TaskState::Disconnected => Err(op_status(
+                TaskState::Disconnected => Err(CoordError::status(
                     Code::FailedPrecondition,
                     format!("task {task} is not registered (heartbeat before RegisterTask, or after ShutdownTask/ResetTask)"),
                 )),
@@ -287,7 +283,7 @@ impl CoordCore {
             other => return Err(unexpected("WaitForAllTasks", &other)),
         };
         if let Outcome::Failed { code, message } = outcome {
-            return Err(op_status(code, message));
+            return Err(CoordError::status(code, message));
         }
         self.reader.read(|a| {
             let c = a
@@ -349,7 +345,7 @@ impl CoordCore {
         };
         match outcome {
             Outcome::Passed => Ok(counter),
-            Outcome::Failed { code, message } => Err(op_status(code, message)),
+            Outcome::Failed { code, message } => Err(CoordError::status(code, message)),
         }
     }
 
@@ -432,7 +428,7 @@ impl CoordCore {
             if c.config.contains(&task) {
                 Ok(())
             } else {
-                Err(op_status(
+                Err(CoordError::status(
                     Code::InvalidArgument,
                     c.config.why_unknown(&task),
                 ))
@@ -475,7 +471,12 @@ impl CoordCore {
             for t in pick {
                 match c.tasks.get(&t) {
                     Some(r) => out.push((t, r.clone())),
-                    None => return Err(op_status(Code::InvalidArgument, c.config.why_unknown(&t))),
+                    None => {
+                        return Err(CoordError::status(
+                            Code::InvalidArgument,
+                            c.config.why_unknown(&t),
+                        ))
+                    }
                 }
             }
             Ok((c.service_incarnation, out))
@@ -486,10 +487,10 @@ impl CoordCore {
 /// The error a task in ERROR state is answered with.
 fn task_error(task: &TaskName, rec: &TaskRecord) -> CoordError {
     match &rec.error {
-        Some(e) => op_status(
+        Some(e) => CoordError::status(
             e.code,
             format!("task {task} is in error state: {}", e.message),
         ),
-        None => op_status(Code::Internal, format!("task {task} is in error state")),
+        None => CoordError::status(Code::Internal, format!("task {task} is in error state")),
     }
 }

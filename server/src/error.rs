@@ -52,6 +52,11 @@ impl From<OpError> for CoordError {
 }
 
 impl CoordError {
+    /// An answer of the service with its gRPC code (the message names what it concerns).
+    pub fn status(code: coord_raft_store::state::Code, message: String) -> Self {
+        CoordError::Op(OpError::Status { code, message })
+    }
+
     /// Whether routing should re-drive the request on the (new) leader.
     pub fn is_retryable(&self) -> bool {
         matches!(

@@ -109,12 +109,12 @@ struct BarrierLine {
     ms_left: Option<i64>,
 }
 
-/// Asks replica `addr` for its status, briefly.
+/// Asks replica `addr` for its status, with a one-second limit; the error says why not.
 async fn status_of(
     peers: &PeerChannels,
     addr: &str,
-) -> Option<coord_proto::coord::admin::StatusReply> {
-    let channel = peers.get(addr).ok()?;
+) -> Result<coord_proto::coord::admin::StatusReply, String> {
+    let channel = peers.get(addr)?;
     let mut req = tonic::Request::new(StatusRequest {});
     req.set_timeout(Duration::from_secs(1));
     tokio::time::timeout(
@@ -122,9 +122,9 @@ async fn status_of(
         AdminClient::new(channel).status(req),
     )
     .await
-    .ok()?
-    .ok()
+    .map_err(|_| format!("{addr} did not answer in time"))?
     .map(tonic::Response::into_inner)
+    .map_err(|e| format!("{addr}: {}", e.message()))
 }
 
 /// Everything the status page shows: every replica's own view, and the tasks and open barriers
@@ -136,7 +136,7 @@ async fn overview(State(s): State<Arc<HttpState>>) -> Json<Overview> {
         let view = if m.id == me.id {
             Some(me.to_proto())
         } else {
-            status_of(&s.peers, &m.addr).await
+            status_of(&s.peers, &m.addr).await.ok()
         };
         views.push((m, view));
     }
@@ -291,17 +291,9 @@ async fn readiness(s: &HttpState) -> Result<String, String> {
         .find(|m| m.id == leader)
         .map(|m| m.addr.clone())
         .ok_or_else(|| format!("leader {leader} is not in the membership"))?;
-    let channel = s.peers.get(&addr)?;
-    let mut req = tonic::Request::new(StatusRequest {});
-    req.set_timeout(Duration::from_secs(1));
-    let leader_view = tokio::time::timeout(
-        Duration::from_secs(1),
-        AdminClient::new(channel).status(req),
-    )
-    .await
-    .map_err(|_| format!("leader {leader} at {addr} did not answer in time"))?
-    .map_err(|e| format!("leader {leader} at {addr}: {}", e.message()))?
-    .into_inner();
+    let leader_view = status_of(&s.peers, &addr)
+        .await
+        .map_err(|e| format!("leader {leader} at {e}"))?;
     let matched = leader_view
         .members
         .iter()

@@ -53,6 +53,7 @@ pub mod tasks;
 pub mod tf_service;
 pub mod watch_hub;
 pub mod wire;
+pub mod xla_errors;
 pub mod xla_service;
 
 pub use config::Args;

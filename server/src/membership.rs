@@ -14,7 +14,6 @@ use coord_proto::coord::admin::admin_client::AdminClient;
 use coord_proto::coord::admin::StatusRequest;
 use coord_raft_store::state::Code;
 use coord_raft_store::types::{Node, NodeId, Raft};
-use coord_raft_store::OpError;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;
 
@@ -33,14 +32,7 @@ pub struct MembershipAdmin {
 }
 
 fn refused(message: String) -> CoordError {
-    CoordError::Op(OpError::Status {
-        code: Code::FailedPrecondition,
-        message,
-    })
-}
-
-fn status(code: Code, message: String) -> CoordError {
-    CoordError::Op(OpError::Status { code, message })
+    CoordError::status(Code::FailedPrecondition, message)
 }
 
 /// openraft's answer to a membership write, as the client should see it.
@@ -153,7 +145,7 @@ impl MembershipAdmin {
         let (voters, nodes) = self.membership();
         if let Some(n) = nodes.get(&id) {
             if n.addr != addr {
-                return Err(status(
+                return Err(CoordError::status(
                     Code::AlreadyExists,
                     format!(
                         "replica {id} is already a member, at {}; a new replica needs a new id",
@@ -189,8 +181,7 @@ impl MembershipAdmin {
         {
             Ok(r) => r.map_err(write_error)?,
             Err(_) => {
-                return Err(status(
-                    Code::DeadlineExceeded,
+                return Err(CoordError::status(Code::DeadlineExceeded,
                     format!("replica {id} at {addr} did not catch up within {CATCH_UP_TIMEOUT:?}; it stays a learner"),
                 ))
             }
@@ -208,7 +199,7 @@ impl MembershipAdmin {
         self.require_leader()?;
         let (voters, nodes) = self.membership();
         if !nodes.contains_key(&id) {
-            return Err(status(
+            return Err(CoordError::status(
                 Code::NotFound,
                 format!(
                     "replica {id} is not a member (members: {:?})",

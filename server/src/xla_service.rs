@@ -11,30 +11,25 @@
 //! - every error the service itself produces carries a `CoordinationServiceError` in
 //!   `grpc-status-details-bin` (barrier errors a `BarrierError` too): jaxlib takes an error
 //!   without one for a broken connection. Routing's UNAVAILABLE ("try another replica") is sent
-//!   without, on purpose;
+//!   without, on purpose (see [`crate::xla_errors`]);
 //! - RegisterTask waits at a register barrier of every task (as JAX configures its service).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use coord_proto::tensorflow::distributed_runtime::GrpcPayloadContainer;
 use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationService;
-use coord_raft_store::state::{Cluster, Outcome, TaskError, TaskName, TaskState};
-use prost::Message;
+use coord_raft_store::state::{Cluster, Outcome, TaskName, TaskState};
 use tonic::transport::Channel;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 use crate::coordination::CoordCore;
 use crate::error::{grpc_code, CoordError};
 use crate::kv::KvCore;
 use crate::peers::PEER_MESSAGE_LIMIT;
 use crate::route::{Kind, Router};
-
-const COORDINATION_ERROR_URL: &str = "type.googleapis.com/tensorflow.CoordinationServiceError";
-const BARRIER_ERROR_URL: &str = "type.googleapis.com/tensorflow.BarrierError";
-const SERVICE_MISMATCH_URL: &str = "type.googleapis.com/tensorflow.ServiceMismatchError";
+use crate::xla_errors::{barrier_error, detailed, error_payload, id_of, polled, service_mismatch};
 
 pub struct XlaService {
     router: Arc<Router>,
@@ -54,54 +49,9 @@ fn entry(key: String, value: Bytes) -> xla::KeyValueEntry {
     xla::KeyValueEntry { key, value }
 }
 
-/// Serializes the payloads as XLA expects them in `grpc-status-details-bin`.
-fn details(payloads: Vec<(&str, Vec<u8>)>) -> Bytes {
-    let container = GrpcPayloadContainer {
-        payloads: payloads
-            .into_iter()
-            .map(|(url, v)| (url.to_string(), Bytes::from(v)))
-            .collect(),
-    };
-    Bytes::from(container.encode_to_vec())
-}
-
-fn coordination_error(e: &xla::CoordinationServiceError) -> (&'static str, Vec<u8>) {
-    (COORDINATION_ERROR_URL, e.encode_to_vec())
-}
-
-/// A service answer as XLA's client wants it: with a `CoordinationServiceError` (and `extra`
-/// payloads). Errors routing must re-drive, and errors already detailed, pass unchanged.
-fn detailed(e: CoordError, extra: Vec<(&'static str, Vec<u8>)>) -> CoordError {
-    if e.is_retryable() || matches!(e, CoordError::Detailed { .. }) {
-        return e;
-    }
-    let message = e.to_string();
-    let code = Status::from(e).code();
-    let mut payloads = vec![coordination_error(&xla::CoordinationServiceError::default())];
-    payloads.extend(extra);
-    CoordError::Detailed {
-        code,
-        message,
-        details: details(payloads),
-    }
-}
-
-/// A barrier's error, with the barrier named in a `BarrierError`.
-fn barrier_error(e: CoordError, barrier_id: &str, counter: i64) -> CoordError {
-    let b = xla::BarrierError {
-        barrier_id: barrier_id.to_string(),
-        counter,
-    };
-    detailed(e, vec![(BARRIER_ERROR_URL, b.encode_to_vec())])
-}
-
 /// `Incarnations` as a request carries it: the service incarnation it believes in.
 fn claimed_incarnation(i: Option<&xla::Incarnations>) -> u64 {
     i.map_or(0, |i| i.service_incarnation)
-}
-
-fn id_of(t: &TaskName) -> i32 {
-    i32::try_from(t.task).unwrap_or(i32::MAX)
 }
 
 fn state_of(s: TaskState) -> xla::TaskState {
@@ -109,13 +59,6 @@ fn state_of(s: TaskState) -> xla::TaskState {
         TaskState::Disconnected => xla::TaskState::TaskstateDisconnected,
         TaskState::Connected => xla::TaskState::TaskstateConnected,
         TaskState::Error => xla::TaskState::TaskstateError,
-    }
-}
-
-fn error_payload(e: &TaskError) -> xla::CoordinationServiceError {
-    xla::CoordinationServiceError {
-        is_reported_error: e.reported,
-        source_task_id: id_of(&e.source),
     }
 }
 
@@ -153,12 +96,9 @@ impl XlaService {
             None => Err(CoordError::Unavailable(
                 "the coordination service has no cluster configuration yet".into(),
             )),
-            Some((name, None)) => Err(detailed(
-                CoordError::Internal(format!(
-                    "--xla-job {name:?} is not a job of the cluster; XLA task ids cannot be served"
-                )),
-                vec![],
-            )),
+            Some((name, None)) => Err(detailed(CoordError::Internal(format!(
+                "--xla-job {name:?} is not a job of the cluster; XLA task ids cannot be served"
+            )))),
             Some((name, Some(n))) => Ok((name, n)),
         }
     }
@@ -166,20 +106,13 @@ impl XlaService {
     /// The task XLA's id `id` names (in `field`), checked against the job's size.
     fn task(&self, id: i32, field: &str) -> Result<TaskName, CoordError> {
         let (job, n) = self.job()?;
-        match u32::try_from(id) {
-            Ok(t) if t < n => Ok(TaskName::new(job, t)),
-            _ => Err(detailed(
-                CoordError::InvalidArgument(format!(
-                    "{field}: task {id} is not a task of job {job:?} (tasks 0..{})",
-                    n.saturating_sub(1)
-                )),
-                vec![],
-            )),
-        }
+        task_of(&job, n, id, field)
     }
 
+    /// Every task of `ids` (the job read once for all of them).
     fn tasks(&self, ids: &[i32], field: &str) -> Result<Vec<TaskName>, CoordError> {
-        ids.iter().map(|&i| self.task(i, field)).collect()
+        let (job, n) = self.job()?;
+        ids.iter().map(|&i| task_of(&job, n, i, field)).collect()
     }
 
     fn all_tasks(&self) -> Result<Vec<TaskName>, CoordError> {
@@ -195,17 +128,18 @@ impl XlaService {
         if theirs == ours {
             return Ok(());
         }
-        let mismatch = xla::ServiceMismatchError {
-            service_incarnation: ours,
-        };
-        Err(CoordError::Detailed {
-            code: Code::Internal,
-            message: format!("wrong service incarnation: requested {theirs}, currently {ours}"),
-            details: details(vec![
-                coordination_error(&xla::CoordinationServiceError::default()),
-                (SERVICE_MISMATCH_URL, mismatch.encode_to_vec()),
-            ]),
-        })
+        Err(service_mismatch(theirs, ours))
+    }
+}
+
+/// Task `id` of `job` (which has `n` tasks), or INVALID_ARGUMENT naming it.
+fn task_of(job: &str, n: u32, id: i32, field: &str) -> Result<TaskName, CoordError> {
+    match u32::try_from(id) {
+        Ok(t) if t < n => Ok(TaskName::new(job, t)),
+        _ => Err(detailed(CoordError::InvalidArgument(format!(
+            "{field}: task {id} is not a task of job {job:?} (tasks 0..{})",
+            n.saturating_sub(1)
+        )))),
     }
 }
 
@@ -213,7 +147,7 @@ impl XlaService {
 async fn served<T>(
     f: impl std::future::Future<Output = Result<T, CoordError>>,
 ) -> Result<T, CoordError> {
-    f.await.map_err(|e| detailed(e, vec![]))
+    f.await.map_err(detailed)
 }
 
 #[tonic::async_trait]
@@ -291,10 +225,7 @@ impl CoordinationService for XlaService {
                         let task = this.task(m.source_task_id, "source_task_id")?;
                         match this.coord.shutdown(id, task).await? {
                             Some(Outcome::Failed { code, message }) => {
-                                Err(CoordError::Op(coord_raft_store::OpError::Status {
-                                    code,
-                                    message,
-                                }))
+                                Err(CoordError::status(code, message))
                             }
                             _ => Ok(xla::ShutdownTaskResponse {}),
                         }
@@ -608,11 +539,7 @@ impl CoordinationService for XlaService {
                         let task = this.task(m.source_task_id, "source_task_id")?;
                         let e = this.coord.poll_error_since_register(task).await?;
                         // The error is the answer: the poll ends with it.
-                        Err::<xla::PollForErrorResponse, _>(CoordError::Detailed {
-                            code: grpc_code(e.error.code),
-                            message: format!("task {} failed: {}", e.error.source, e.error.message),
-                            details: details(vec![coordination_error(&error_payload(&e.error))]),
-                        })
+                        Err::<xla::PollForErrorResponse, _>(polled(&e))
                     })
                 },
                 |ch, r| async move { client(ch).poll_for_error(r).await },
