@@ -9,6 +9,7 @@
 //!   change.
 //! - [`xla_proxy`]: coord-proxy's service, which lets unmodified jaxlib clients use the ensemble
 //!   and survive its failovers.
+//! - [`data`]: the tf.data data plane: the data worker and the consumer of the dispatcher's jobs.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
 //!   once and a caller sees an error only when no replica could serve it for a configurable time.
@@ -16,6 +17,7 @@
 pub mod agent;
 pub mod blocking;
 pub mod client;
+pub mod data;
 pub mod preemption;
 pub mod watch;
 pub mod xla_proxy;

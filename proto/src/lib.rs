@@ -8,6 +8,8 @@
 //! - [`coord::admin`]: ensemble status, service shutdown (and membership, later).
 //! - [`coord::coordination`]: error polling and task states, beside the TF service.
 //! - [`coord::kv`]: atomic increment and key watches.
+//! - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
+//! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 
@@ -43,7 +45,11 @@ pub mod coord {
     pub mod kv {
         tonic::include_proto!("coord.kv");
     }
+    pub mod dispatcher {
+        tonic::include_proto!("coord.dispatcher");
+    }
 }
 
 pub mod codec;
+pub mod dataset;
 pub mod metadata;

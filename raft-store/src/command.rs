@@ -8,6 +8,7 @@ use std::fmt;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::dispatcher::{DispatchOp, DispatchOutput};
 use crate::state::{AliveAnswer, ClusterConfig, Code, DeviceInfo, Outcome, TaskName};
 
 /// The payload of one Raft entry: a batch of commands proposed together.
@@ -155,6 +156,8 @@ pub enum Op {
         source: TaskName,
         tasks: Vec<TaskName>,
     },
+    /// A tf.data dispatcher update (one journal entry of TF's dispatcher).
+    Dispatch(DispatchOp),
 }
 
 impl fmt::Display for Op {
@@ -197,6 +200,7 @@ impl fmt::Display for Op {
             Op::GetAliveTasks { source, tasks } => {
                 write!(f, "get_alive_tasks({source}, {} tasks)", tasks.len())
             }
+            Op::Dispatch(op) => write!(f, "dispatcher.{op}"),
         }
     }
 }
@@ -225,6 +229,8 @@ pub enum Output {
         generation: u64,
         answer: Option<AliveAnswer>,
     },
+    /// What a dispatcher update returned.
+    Dispatch(DispatchOutput),
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -5,6 +5,7 @@
 //!   returns.
 //! - [`state`]: [`CoordState`] and its deterministic `apply` (a pure function, unit-tested with no
 //!   runtime).
+//! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal).
 //! - [`key`]: TensorFlow's key normalization.
 //! - [`storage`]: openraft's log storage on sled with group-committed `fdatasync`, the in-memory
 //!   state machine, snapshot files.
@@ -18,6 +19,7 @@
 
 pub mod codec;
 pub mod command;
+pub mod dispatcher;
 pub mod key;
 pub mod state;
 pub mod stats;

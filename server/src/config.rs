@@ -124,6 +124,19 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub worker_threads: usize,
 
+    /// The dispatcher declares a data worker dead after this long without a heartbeat, and hands
+    /// the splits it had not delivered to other workers.
+    #[arg(long, default_value_t = 10_000)]
+    pub dispatcher_worker_timeout_ms: u64,
+
+    /// The dispatcher releases a job client after this long without a heartbeat (TF: 5 min).
+    #[arg(long, default_value_t = 300_000)]
+    pub dispatcher_client_timeout_ms: u64,
+
+    /// A job (other than DYNAMIC) with no clients for this long is garbage-collected (TF: 5 min).
+    #[arg(long, default_value_t = 300_000)]
+    pub dispatcher_job_gc_timeout_ms: u64,
+
     /// /readyz fails while this replica is more entries than this behind the leader.
     #[arg(long, default_value_t = 1_000)]
     pub ready_max_lag: u64,
@@ -190,6 +203,15 @@ fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
 }
 
 impl Args {
+    /// The dispatcher's timeouts.
+    pub fn dispatch_config(&self) -> crate::dispatcher::DispatchConfig {
+        crate::dispatcher::DispatchConfig {
+            worker_timeout_ms: self.dispatcher_worker_timeout_ms,
+            client_timeout_ms: self.dispatcher_client_timeout_ms,
+            job_gc_timeout_ms: self.dispatcher_job_gc_timeout_ms,
+        }
+    }
+
     /// Checks the combination of flags; the message says which flag to fix.
     pub fn validate(&self) -> Result<(), String> {
         if self.join && self.initial_cluster.0.contains_key(&self.id) {

@@ -12,7 +12,7 @@
 //! id goes first), so surviving voters do not split the vote. The nudge never fires sooner than
 //! openraft's own timer could; it only saves the random second wait.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,8 @@ pub struct LeaderContact {
     origin: Instant,
     /// Milliseconds since `origin`; 0 = never.
     last_ms: AtomicU64,
+    /// A snapshot transfer holds openraft's own election timer off (see `hold`).
+    holding: AtomicBool,
 }
 
 impl Default for LeaderContact {
@@ -37,16 +39,61 @@ impl Default for LeaderContact {
         Self {
             origin: Instant::now(),
             last_ms: AtomicU64::new(0),
+            holding: AtomicBool::new(false),
         }
     }
 }
 
 impl LeaderContact {
     pub fn touch(&self) {
-        let ms = u64::try_from(self.origin.elapsed().as_millis())
+        // Never shortens a hold (see `hold`).
+        self.last_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Contact now, ending any hold: the snapshot transfer is over.
+    pub fn release(&self, raft: &Raft) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+        if self.holding.swap(false, Ordering::Relaxed) {
+            raft.runtime_config().elect(true);
+        }
+    }
+
+    /// Ends a hold that ran out (no chunk for its whole length).
+    fn expire_hold(&self, raft: &Raft) {
+        if self.holding.load(Ordering::Relaxed)
+            && self.last_ms.load(Ordering::Relaxed) <= self.now_ms()
+            && self.holding.swap(false, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "no snapshot chunk from the leader for the whole hold; elections are back on"
+            );
+            raft.runtime_config().elect(true);
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Counts as contact for `d` from now: a snapshot transfer is under way, and while its chunks
+    /// flow the leader sends this replica nothing else (openraft's replication stream to it is
+    /// busy with the snapshot), so silence between chunks is not a dead leader.
+    ///
+    /// openraft 0.9 does not count snapshot chunks as word from the leader either: its own
+    /// election timer would fire during any transfer longer than an election timeout, and the
+    /// election restarts the transfer. So the hold also switches openraft's elections off, until
+    /// [`release`](Self::release) or until the hold runs out with no further chunk (the leader
+    /// died mid-transfer; `nudge_elections` switches them back on).
+    pub fn hold(&self, raft: &Raft, d: Duration) {
+        let ms = u64::try_from((self.origin.elapsed() + d).as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
         self.last_ms.store(ms, Ordering::Relaxed);
+        if !self.holding.swap(true, Ordering::Relaxed) {
+            raft.runtime_config().elect(false);
+        }
     }
 
     /// How long since the last contact; `None` if there never was one.
@@ -73,6 +120,7 @@ pub async fn nudge_elections(
     let mut last_nudge: Option<Instant> = None;
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
+        contact.expire_hold(&raft);
         let (state, rank, leader) = {
             let m = raft.metrics().borrow().clone();
             let membership = m.membership_config.membership();

@@ -473,6 +473,8 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         "Barrier instances waiting for participants.",
         open_barriers as f64,
     );
+    r.kv.reader
+        .read(|a| crate::dispatcher::metrics::write(&mut out, &a.state.dispatcher));
     let keys = r.kv.reader.read(|a| a.state.kv.len());
     gauge(
         &mut out,

@@ -29,6 +29,7 @@ pub mod cluster_init;
 pub mod config;
 pub mod coord_service;
 pub mod coordination;
+pub mod dispatcher;
 pub mod election;
 pub mod error;
 pub mod heartbeats;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use coord_proto::coord::admin::admin_server::AdminServer;
 use coord_proto::coord::coordination::coordination_server::CoordinationServer;
+use coord_proto::coord::dispatcher::dispatcher_server::DispatcherServer;
 use coord_proto::coord::kv::key_value_server::KeyValueServer;
 use coord_proto::coord::raft::raft_transport_server::RaftTransportServer;
 use coord_proto::tensorflow::coordination_service_server::CoordinationServiceServer;
@@ -77,6 +78,9 @@ pub struct Replica {
     pub router: Arc<Router>,
     pub kv: Arc<KvCore>,
     pub coord: Arc<crate::coordination::CoordCore>,
+    pub dispatcher: Arc<crate::dispatcher::DispatchCore>,
+    /// The Raft log, read back for the dispatcher's journal.
+    log: LogStore,
     pub leader: LeaderWatch,
     pub hub: Arc<ApplyHub>,
     pub metrics: Arc<Metrics>,
@@ -99,6 +103,11 @@ fn raft_config(args: &Args) -> Result<Config, StartError> {
         election_timeout_max: args.election_timeout_max_ms,
         // A snapshot of a large key-value store takes longer than openraft's 200 ms default.
         install_snapshot_timeout: 10_000,
+        // Small chunks: each one renews the receiver's view of its leader, so a long transfer
+        // never lets its election timer run out between two chunks (openraft's 3 MiB default
+        // took longer than an election timeout per chunk here, and every election restarted the
+        // transfer from the beginning).
+        snapshot_max_chunk_size: 256 << 10,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(args.snapshot_every_entries),
         max_in_snapshot_log_to_keep: 1_000,
         ..Config::default()
@@ -147,6 +156,7 @@ impl Replica {
         let hub = ApplyHub::new();
         let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
         let (log, sm) = (opened.log, opened.state_machine);
+        let journal_log = log.clone();
         let dir = args.data_dir.display().to_string();
         let at_start = log_at_start(&log, &dir).await?;
         identity::check_or_record(
@@ -216,12 +226,23 @@ impl Replica {
         let heartbeats = Arc::new(crate::heartbeats::Heartbeats::default());
         let coord = Arc::new(crate::coordination::CoordCore {
             proposer: proposer.clone(),
-            read_index,
+            read_index: read_index.clone(),
             reader: reader.clone(),
             hub: hub.clone(),
             heartbeats: heartbeats.clone(),
             devices: std::sync::Mutex::new(None),
         });
+        let dispatcher = Arc::new(crate::dispatcher::DispatchCore {
+            proposer: proposer.clone(),
+            read_index: read_index.clone(),
+            reader: reader.clone(),
+            memory: Arc::default(),
+            config: args.dispatch_config(),
+        });
+        tasks.spawn(
+            "dispatcher-timers",
+            crate::dispatcher::timers::run(dispatcher.clone(), leader.clone()),
+        );
         let cluster_config = args.cluster().map_err(StartError::Config)?;
         tasks.spawn(
             "cluster-init",
@@ -263,6 +284,8 @@ impl Replica {
             router,
             kv,
             coord,
+            dispatcher,
+            log: journal_log,
             leader: leader.clone(),
             hub,
             metrics,
@@ -342,6 +365,13 @@ impl Replica {
         ))
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        let dispatcher = DispatcherServer::new(crate::dispatcher::service::DispatcherService::new(
+            this.router.clone(),
+            this.dispatcher.clone(),
+            this.log.clone(),
+        ))
+        .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let grpc_server = tonic::transport::Server::builder()
             .initial_stream_window_size(Some(8 << 20))
@@ -353,6 +383,7 @@ impl Replica {
             .add_service(admin)
             .add_service(coordination)
             .add_service(kv_svc)
+            .add_service(dispatcher)
             .serve_with_incoming_shutdown(incoming, stopped());
         let grpc_task = tokio::spawn(grpc_server);
         let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));

@@ -186,6 +186,39 @@ impl Cluster {
             .tempdir()
             .expect("temp dir");
         let root = dir.path().to_path_buf();
+        // A port can be taken by another process between picking and binding; the proxies bind
+        // here, so a clash is retried with new ports (the replicas' own ports are bound by the
+        // replicas, which fail loudly).
+        let mut attempt = 0;
+        let (replicas, initial_cluster, proxy) = loop {
+            attempt += 1;
+            let (replicas, initial_cluster) = Self::layout(&options, &root);
+            if !options.proxied {
+                break (replicas, initial_cluster, None);
+            }
+            let targets: Vec<_> = replicas.iter().map(|r| (r.id, r.peer, r.grpc)).collect();
+            match NetProxy::start(&targets) {
+                Ok(p) => break (replicas, initial_cluster, Some(p)),
+                Err(e) if attempt < 5 => eprintln!("start the network proxies: {e}; new ports"),
+                Err(e) => panic!("start the network proxies: {e}"),
+            }
+        };
+        let mut c = Self {
+            dir: Some(dir),
+            root,
+            replicas,
+            initial_cluster,
+            options,
+            proxy,
+        };
+        for id in c.ids() {
+            c.spawn(id);
+        }
+        c
+    }
+
+    /// Ports, directories and the `--initial-cluster` of a new ensemble under `root`.
+    fn layout(options: &ClusterOptions, root: &Path) -> (Vec<ReplicaProc>, String) {
         let ports = free_ports(options.replicas * 3);
         let replicas: Vec<ReplicaProc> = (0..options.replicas)
             .map(|i| {
@@ -212,22 +245,7 @@ impl Cluster {
             .map(|r| format!("{}={}", r.id, r.peer))
             .collect::<Vec<_>>()
             .join(",");
-        let proxy = options.proxied.then(|| {
-            let targets: Vec<_> = replicas.iter().map(|r| (r.id, r.peer, r.grpc)).collect();
-            NetProxy::start(&targets).expect("start the network proxies")
-        });
-        let mut c = Self {
-            dir: Some(dir),
-            root,
-            replicas,
-            initial_cluster,
-            options,
-            proxy,
-        };
-        for id in c.ids() {
-            c.spawn(id);
-        }
-        c
+        (replicas, initial_cluster)
     }
 
     /// Waits until replica `id` answers `/status` (its process is up and serving).

@@ -5,12 +5,13 @@
 //! that concurrent test processes share it). Where it cannot be made (no Python 3.11, PyPI out of
 //! reach), [`Jax::get`] says why and the tests skip with that reason.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{free_ports, profile_dir, workspace_binary};
+use crate::cluster::{free_ports, workspace_binary};
+pub use crate::venv::Guarded;
+use crate::venv::VenvSpec;
 
 /// The jaxlib release the tests run (0.10.x speaks `xla.coordination`; it is what PyPI offers
 /// CPython 3.11).
@@ -20,97 +21,20 @@ pub struct Jax {
     python: PathBuf,
 }
 
-/// A child process killed (with its whole process group) when dropped.
-pub struct Guarded {
-    pub child: Child,
-}
-
-impl Guarded {
-    pub fn kill(&mut self) {
-        // The Python scripts start helper processes: kill the group they share.
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(format!("-{}", self.child.id()))
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Guarded {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
-    }
-}
-
-fn python_for_venv() -> Option<&'static str> {
-    ["python3.11", "python3"].into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import sys; assert sys.version_info[:2] == (3, 11)"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
-}
-
-fn tail(bytes: &[u8], lines: usize) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 impl Jax {
     /// The venv with jax and jaxlib, made if needed; `Err` says why it cannot be had here.
     pub fn get() -> Result<Jax, String> {
-        let target = profile_dir()
-            .parent()
-            .ok_or("no target directory")?
-            .to_path_buf();
-        let venv = target.join(format!("jax-venv-{JAX_VERSION}"));
-        let python = venv.join("bin").join("python");
-        let ready = venv.join("installed");
-        let lock = File::create(target.join(format!("jax-venv-{JAX_VERSION}.lock")))
-            .map_err(|e| format!("cannot create the venv lock: {e}"))?;
-        lock.lock()
-            .map_err(|e| format!("cannot take the venv lock: {e}"))?;
-        if ready.exists() {
-            return Ok(Jax { python });
+        let python = VenvSpec {
+            dir_name: &format!("jax-venv-{JAX_VERSION}"),
+            requirements: &[
+                format!("jax=={JAX_VERSION}"),
+                format!("jaxlib=={JAX_VERSION}"),
+            ],
+            describe: &format!("jax and jaxlib {JAX_VERSION}"),
+            short: &format!("jax/jaxlib {JAX_VERSION}"),
+            marker: JAX_VERSION,
         }
-        let base = python_for_venv().ok_or("no CPython 3.11 on this machine")?;
-        let _ = std::fs::remove_dir_all(&venv);
-        let out = Command::new(base)
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .output()
-            .map_err(|e| format!("{base} -m venv: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("{base} -m venv failed: {}", tail(&out.stderr, 5)));
-        }
-        eprintln!(
-            "installing jax and jaxlib {JAX_VERSION} from PyPI into {}",
-            venv.display()
-        );
-        let out = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(format!("jax=={JAX_VERSION}"))
-            .arg(format!("jaxlib=={JAX_VERSION}"))
-            .output()
-            .map_err(|e| format!("pip: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "pip could not install jax/jaxlib {JAX_VERSION} (is PyPI reachable?): {}",
-                tail(&out.stderr, 5)
-            ));
-        }
-        std::fs::write(&ready, JAX_VERSION).map_err(|e| e.to_string())?;
+        .python()?;
         Ok(Jax { python })
     }
 

@@ -2,40 +2,18 @@
 //! output parsed, exit codes checked; and the metrics it reads beside.
 
 use std::io::BufRead;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
+use coord_tests::cli::{coordctl, coordctl_json};
 use coord_tests::cluster::{free_ports, workspace_binary};
 use coord_tests::{http, Cluster, ClusterOptions};
 use serde_json::Value;
 
-fn coordctl(endpoints: &[String], args: &[&str]) -> Output {
-    Command::new(workspace_binary("coord-agent", "coordctl", None))
-        .arg("--endpoints")
-        .arg(endpoints.join(","))
-        .args(args)
-        .output()
-        .expect("run coordctl")
-}
-
-/// Runs `coordctl -o json ARGS`, expects success, parses stdout.
 fn json(endpoints: &[String], args: &[&str]) -> Value {
-    let mut all = vec!["-o", "json"];
-    all.extend(args);
-    let out = coordctl(endpoints, &all);
-    assert!(
-        out.status.success(),
-        "coordctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "coordctl {args:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    coordctl_json(endpoints, args)
 }
 
 fn worker(i: i32) -> tf::CoordinatedTask {

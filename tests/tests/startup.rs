@@ -174,3 +174,41 @@ async fn sigterm_stops_a_replica_even_with_clients_connected() {
     // The other two carry on.
     c.wait_for_leader(TIMEOUT).await;
 }
+
+/// A replica that missed more than the log the leader keeps catches up by a snapshot install, and
+/// its log shows the transfer as it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_catches_up_by_snapshot_and_logs_it() {
+    let mut c = Cluster::start(ClusterOptions {
+        extra_args: vec!["--snapshot-every-entries".into(), "100".into()],
+        ..ClusterOptions::default()
+    });
+    let leader = c.wait_for_leader(TIMEOUT).await;
+    let lagging = c.other_than(leader);
+    c.kill(lagging);
+    let client = CoordClient::new(ClientOptions::new(c.endpoints())).expect("client");
+    // More entries than the leader keeps after a snapshot (1,000), with enough data for a
+    // multi-chunk snapshot.
+    let value = Bytes::from(vec![b'x'; 16 << 10]);
+    for i in 0..1_300 {
+        client
+            .insert(&format!("big/{i}"), value.clone(), false)
+            .await
+            .expect("insert");
+    }
+    c.spawn(lagging);
+    let leader = c.wait_for_leader(TIMEOUT).await;
+    let target = c.status(leader).expect("status").last_log_index;
+    c.wait_applied(lagging, target, TIMEOUT).await;
+    let log = c.log(lagging);
+    for line in [
+        "receiving a snapshot from the leader",
+        "snapshot received; installing it",
+        "snapshot installed",
+    ] {
+        assert!(
+            log.contains(line),
+            "{line:?} missing from replica {lagging}'s log:\n{log}"
+        );
+    }
+}

@@ -39,6 +39,8 @@ pub struct CoordState {
     pub sessions: SessionTable,
     /// The coordinated job; `None` until the first leader sets it up.
     pub cluster: Option<Cluster>,
+    /// The tf.data dispatcher.
+    pub dispatcher: crate::dispatcher::DispatcherState,
 }
 
 /// One effect of applying a command, reported to the server after the state changed.
@@ -119,6 +121,7 @@ impl CoordState {
                     service_incarnation: cluster.service_incarnation,
                 })
             }
+            Op::Dispatch(op) => self.dispatcher.apply(op, now_ms),
             op => match self.cluster.as_mut() {
                 None => Err(OpError::NoCluster),
                 Some(c) => {
@@ -192,7 +195,8 @@ fn apply_coordination(
         Op::KvPut { .. }
         | Op::KvDelete { .. }
         | Op::KvIncrement { .. }
-        | Op::InitCluster { .. } => Err(OpError::Status {
+        | Op::InitCluster { .. }
+        | Op::Dispatch(_) => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),
         }),

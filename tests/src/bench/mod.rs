@@ -4,6 +4,7 @@
 
 pub mod agent_target;
 pub mod coord_target;
+pub mod dispatcher;
 pub mod etcd;
 pub mod failover;
 pub mod load;

@@ -214,3 +214,101 @@ pub async fn run(
         heartbeat_errors: heartbeat_errors.load(Ordering::Relaxed),
     })
 }
+
+struct ReportArgs {
+    tasks: usize,
+    connections: usize,
+}
+
+/// Runs the `coord-bench tasks` benchmark on a fresh ensemble and prints its table.
+pub async fn report(tasks: usize, connections: usize) -> Result<(), String> {
+    let args = ReportArgs { tasks, connections };
+    let job = format!("worker={}", args.tasks);
+    let mut cluster = crate::Cluster::start(crate::ClusterOptions {
+        extra_args: vec![
+            "--worker-threads".into(),
+            "1".into(),
+            "--job".into(),
+            job,
+            "--heartbeat-timeout-ms".into(),
+            "10000".into(),
+        ],
+        log_filter: "warn".into(),
+        ..crate::ClusterOptions::default()
+    });
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let pid = cluster.pid(leader).ok_or("leader has no process")?;
+    let term_before = cluster.status(leader).map_or(0, |s| s.term);
+    // Parked calls on whichever replica leads now (summed: only the leader parks any).
+    let https: Vec<std::net::SocketAddr> = cluster
+        .ids()
+        .iter()
+        .map(|&id| cluster.replica(id).http)
+        .collect();
+    let parked = move || {
+        https
+            .iter()
+            .filter_map(|&http| crate::http::get(http, "/metrics").ok())
+            .filter_map(|(_, m)| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("coord_parked_calls "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .map(|v| v as u64)
+            .sum::<u64>()
+    };
+    eprintln!(
+        "coord-bench tasks: {} tasks over {} connections, heartbeat every 1 s, leader is replica {leader}",
+        args.tasks, args.connections
+    );
+    let r = run(
+        cluster.endpoints(),
+        args.tasks,
+        args.connections,
+        pid,
+        parked,
+    )
+    .await?;
+    let after = cluster.status(leader);
+    let still_leader = after.as_ref().and_then(|s| s.leader_id) == Some(leader);
+    let elections = after.map_or(0, |s| s.term.saturating_sub(term_before));
+    println!(
+        "\n| measure ({} tasks, 3 replicas) | value | target |",
+        r.tasks
+    );
+    println!("|---|---:|---:|");
+    println!(
+        "| register all tasks | {:.2} s ({:.0} tasks/s) | |",
+        r.register.as_secs_f64(),
+        r.tasks as f64 / r.register.as_secs_f64()
+    );
+    println!(
+        "| WaitForAllTasks, all tasks | {:.2} s | |",
+        r.wait_for_all.as_secs_f64()
+    );
+    println!(
+        "| barrier released after the last arrival | {} ms | <= 200 ms |",
+        r.barrier_release.as_millis()
+    );
+    println!(
+        "| leader CPU with every task heartbeating | {:.2} cores | < 1 core |",
+        r.heartbeat_cpu_cores
+    );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "| leader RSS growth, all tasks registered and heartbeating | {:.1} MiB -> {:.1} MiB = {:.0} B/task | <= 2048 B/task |",
+        mib(r.leader_rss_before),
+        mib(r.leader_rss_registered),
+        r.rss_per_registered_task()
+    );
+    println!(
+        "| ... and every task's Barrier call parked on the leader | {:.1} MiB = {:.0} B/task | |",
+        mib(r.leader_rss_after),
+        r.rss_per_task()
+    );
+    println!("| failed heartbeats | {} | 0 |", r.heartbeat_errors);
+    println!(
+        "| leader unchanged during the run (elections: {elections}) | {still_leader} | true |"
+    );
+    Ok(())
+}

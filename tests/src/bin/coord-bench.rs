@@ -43,6 +43,28 @@ enum Cmd {
     Chaos(ChaosArgs),
     /// The crash-consistency loop: load, kill -9 one or all replicas, restart, verify.
     Crash(CrashArgs),
+    /// The replicated tf.data dispatcher against TensorFlow's own: GetSplit throughput under
+    /// DYNAMIC sharding and restore time after a full restart.
+    Dispatcher(DispatcherArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct DispatcherArgs {
+    /// Worker counts to measure (comma separated; 0 skips the throughput runs).
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 16])]
+    workers: Vec<usize>,
+    /// Splits (one element each) per throughput run.
+    #[arg(long, default_value_t = 50_000)]
+    splits: u64,
+    /// Journal sizes to restore from (comma separated; 0 skips the restore runs).
+    #[arg(long, value_delimiter = ',', default_values_t = [200_000, 1_000_000])]
+    restore_updates: Vec<u64>,
+    /// Measure coord only (no TensorFlow venv).
+    #[arg(long)]
+    no_tf: bool,
+    /// Skip the end-to-end runs with data-worker processes.
+    #[arg(long)]
+    no_e2e: bool,
 }
 
 #[derive(clap::Args, Clone)]
@@ -203,13 +225,26 @@ async fn main() {
             }
         }
         Cmd::Tasks(args) => {
-            if let Err(e) = tasks(args).await {
+            if let Err(e) = coord_tests::bench::tasks::report(args.tasks, args.connections).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }
         }
         Cmd::Chaos(args) => {
             if !chaos(args).await {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Dispatcher(a) => {
+            let args = coord_tests::bench::dispatcher::Args {
+                workers: a.workers,
+                splits: a.splits,
+                restore_updates: a.restore_updates,
+                no_tf: a.no_tf,
+                no_e2e: a.no_e2e,
+            };
+            if let Err(e) = coord_tests::bench::dispatcher::run(args).await {
+                eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }
         }
@@ -442,97 +477,6 @@ async fn kv(args: KvArgs) -> Result<(), String> {
             failover::median(&coord_gaps).as_millis()
         );
     }
-    Ok(())
-}
-
-async fn tasks(args: TasksArgs) -> Result<(), String> {
-    let job = format!("worker={}", args.tasks);
-    let mut cluster = Cluster::start(ClusterOptions {
-        extra_args: vec![
-            "--worker-threads".into(),
-            "1".into(),
-            "--job".into(),
-            job,
-            "--heartbeat-timeout-ms".into(),
-            "10000".into(),
-        ],
-        log_filter: "warn".into(),
-        ..ClusterOptions::default()
-    });
-    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
-    let pid = cluster.pid(leader).ok_or("leader has no process")?;
-    let term_before = cluster.status(leader).map_or(0, |s| s.term);
-    // Parked calls on whichever replica leads now (summed: only the leader parks any).
-    let https: Vec<std::net::SocketAddr> = cluster
-        .ids()
-        .iter()
-        .map(|&id| cluster.replica(id).http)
-        .collect();
-    let parked = move || {
-        https
-            .iter()
-            .filter_map(|&http| coord_tests::http::get(http, "/metrics").ok())
-            .filter_map(|(_, m)| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("coord_parked_calls "))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            })
-            .map(|v| v as u64)
-            .sum::<u64>()
-    };
-    eprintln!(
-        "coord-bench tasks: {} tasks over {} connections, heartbeat every 1 s, leader is replica {leader}",
-        args.tasks, args.connections
-    );
-    let r = coord_tests::bench::tasks::run(
-        cluster.endpoints(),
-        args.tasks,
-        args.connections,
-        pid,
-        parked,
-    )
-    .await?;
-    let after = cluster.status(leader);
-    let still_leader = after.as_ref().and_then(|s| s.leader_id) == Some(leader);
-    let elections = after.map_or(0, |s| s.term.saturating_sub(term_before));
-    println!(
-        "\n| measure ({} tasks, 3 replicas) | value | target |",
-        r.tasks
-    );
-    println!("|---|---:|---:|");
-    println!(
-        "| register all tasks | {:.2} s ({:.0} tasks/s) | |",
-        r.register.as_secs_f64(),
-        r.tasks as f64 / r.register.as_secs_f64()
-    );
-    println!(
-        "| WaitForAllTasks, all tasks | {:.2} s | |",
-        r.wait_for_all.as_secs_f64()
-    );
-    println!(
-        "| barrier released after the last arrival | {} ms | <= 200 ms |",
-        r.barrier_release.as_millis()
-    );
-    println!(
-        "| leader CPU with every task heartbeating | {:.2} cores | < 1 core |",
-        r.heartbeat_cpu_cores
-    );
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    println!(
-        "| leader RSS growth, all tasks registered and heartbeating | {:.1} MiB -> {:.1} MiB = {:.0} B/task | <= 2048 B/task |",
-        mib(r.leader_rss_before),
-        mib(r.leader_rss_registered),
-        r.rss_per_registered_task()
-    );
-    println!(
-        "| ... and every task's Barrier call parked on the leader | {:.1} MiB = {:.0} B/task | |",
-        mib(r.leader_rss_after),
-        r.rss_per_task()
-    );
-    println!("| failed heartbeats | {} | 0 |", r.heartbeat_errors);
-    println!(
-        "| leader unchanged during the run (elections: {elections}) | {still_leader} | true |"
-    );
     Ok(())
 }
 

@@ -68,6 +68,16 @@ pub fn source_ip(id: u64) -> IpAddr {
 impl NetProxy {
     /// Starts one proxy per `(replica id, replica address)`; `listen` gives each proxy's address.
     pub fn start(targets: &[(u64, SocketAddr, SocketAddr)]) -> std::io::Result<Self> {
+        // Bound before the runtime exists, so that a failure (a port taken meanwhile) returns
+        // the error instead of dropping a runtime inside the caller's async context.
+        let mut listeners = Vec::new();
+        for &(id, proxy, target) in targets {
+            let listener = std::net::TcpListener::bind(proxy).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("proxy for replica {id} on {proxy}: {e}"))
+            })?;
+            listener.set_nonblocking(true)?;
+            listeners.push((id, proxy, target, listener));
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("chaos-netproxy")
@@ -84,10 +94,8 @@ impl NetProxy {
                 .collect(),
         );
         let mut proxies = HashMap::new();
-        for &(id, proxy, target) in targets {
-            // Bound here (not with `block_on`) so that a proxy can be started from async code.
-            let listener = std::net::TcpListener::bind(proxy)?;
-            listener.set_nonblocking(true)?;
+        for (id, proxy, target, listener) in listeners {
+            // Bound above (not with `block_on`) so that a proxy can be started from async code.
             proxies.insert(id, proxy);
             let (links, sources) = (links.clone(), sources.clone());
             runtime.spawn(async move {

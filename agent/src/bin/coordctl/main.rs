@@ -14,6 +14,9 @@
 //! coordctl member list
 //! coordctl member add 4 127.0.0.1:7104    # a replica started with --join
 //! coordctl member remove 3
+//! coordctl dispatcher jobs           # tf.data jobs: mode, clients, tasks, split position
+//! coordctl dispatcher workers
+//! coordctl dispatcher journal        # one line per dispatcher update
 //! coordctl -o json tasks             # JSON for scripts (kv watch: one JSON object per line)
 //! ```
 //!
@@ -24,6 +27,8 @@
 
 use std::process::ExitCode;
 use std::time::Duration;
+
+mod dispatcher;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use coord_agent::watch::{ChangeKind, WatchSet};
@@ -76,6 +81,9 @@ enum Cmd {
     /// The ensemble's replicas.
     #[command(subcommand)]
     Member(MemberCmd),
+    /// The tf.data dispatcher: jobs, workers, journal.
+    #[command(subcommand)]
+    Dispatcher(dispatcher::DispatcherCmd),
     /// Health check of one replica over its HTTP port (`/readyz`, or `/livez` with --live):
     /// exit 0 if healthy, 1 if not. For container health checks (images without curl).
     Health {
@@ -136,6 +144,7 @@ async fn main() -> ExitCode {
         Cmd::Snapshot => snapshot(&client, &cli.endpoints, out).await,
         Cmd::Kv(cmd) => kv(&client, cmd, out).await,
         Cmd::Member(cmd) => member(&client, cmd, out).await,
+        Cmd::Dispatcher(cmd) => dispatcher::run(&client, cmd, out).await,
         Cmd::Health { http, live } => Ok(health(&http, if live { "/livez" } else { "/readyz" })),
     };
     match result {

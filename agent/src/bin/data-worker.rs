@@ -1,0 +1,99 @@
+//! `data-worker`: a tf.data worker for the dispatcher the coordinator ensemble serves.
+//!
+//! ```text
+//! data-worker --coordinators 10.0.0.1:7101,10.0.0.2:7101,10.0.0.3:7101 --listen 0.0.0.0:7300 \
+//!     --advertise 10.0.0.7:7300
+//! ```
+//!
+//! It heartbeats the dispatcher (through any replica), runs the tasks it is given and serves
+//! their elements to consumers on `--listen`. On start it prints `data-worker serving <address>`
+//! on stdout.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use coord_agent::data::{DataWorkerService, DispatchClient};
+use coord_agent::{ClientOptions, CoordClient};
+use coord_proto::coord::dispatcher::data_worker_server::DataWorkerServer;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+#[derive(Parser)]
+#[command(
+    name = "data-worker",
+    version,
+    about = "tf.data worker for a coord ensemble"
+)]
+struct Cli {
+    /// gRPC addresses of the ensemble's replicas, comma separated.
+    #[arg(long, env = "COORD_ENDPOINTS", value_delimiter = ',', required = true)]
+    coordinators: Vec<String>,
+    /// Where consumers reach this worker (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// The address to publish to the dispatcher, if not the listening address (behind NAT, in a
+    /// container).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// How often the worker heartbeats the dispatcher.
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Threads of the async runtime.
+    #[arg(long, default_value_t = 2)]
+    worker_threads: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.worker_threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("data-worker: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("data-worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let listener = TcpListener::bind(cli.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?;
+    let address = cli.advertise.unwrap_or_else(|| local.to_string());
+    let coord = CoordClient::new(ClientOptions::new(cli.coordinators.clone()))
+        .map_err(|e| e.message().to_string())?;
+    let service = DataWorkerService::new(address.clone(), DispatchClient::new(coord));
+    tokio::spawn(
+        service
+            .clone()
+            .heartbeat_loop(Duration::from_millis(cli.heartbeat_ms.max(10))),
+    );
+    println!("data-worker serving {address}");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(
+            DataWorkerServer::new(service)
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(256 << 20),
+        )
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| format!("serving: {e}"))
+}
