@@ -28,6 +28,8 @@ impl WorkerProc {
             .args(["--heartbeat-ms", &heartbeat_ms.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            // Warnings only: a test's output is no place for every task start.
+            .env("RUST_LOG", "warn")
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn data-worker");

@@ -7,7 +7,7 @@
 //!
 //! It heartbeats the dispatcher (through any replica), runs the tasks it is given and serves
 //! their elements to consumers on `--listen`. On start it prints `data-worker serving <address>`
-//! on stdout.
+//! on stdout; it logs to stderr (`RUST_LOG` filters, default `info`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -47,6 +47,19 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs on stderr (tasks started, failed, deleted; heartbeat failures), filtered by RUST_LOG;
+    // stdout carries only the "serving" line.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn")),
+        )
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cli.worker_threads.max(1))
         .enable_all()
