@@ -64,7 +64,21 @@ async fn coordctl_reports_the_ensemble_tasks_and_barriers() {
             .await
         })
     };
-    let tasks = json(&eps, &["tasks"]);
+    // The heartbeat age is the leader's memory: a leader elected since the registration (the
+    // machine is loaded) knows none until the task heartbeats, so heartbeat until it is shown.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let tasks = loop {
+        client.heartbeat(&worker(0), 7).await.expect("heartbeat");
+        let tasks = json(&eps, &["tasks"]);
+        let known = tasks.as_array().is_some_and(|t| {
+            t.iter()
+                .any(|r| r["task"] == "/job:worker/task:0" && r["heartbeat_age_ms"].is_u64())
+        });
+        if known || std::time::Instant::now() > deadline {
+            break tasks;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let row = |name: &str| {
         tasks
             .as_array()

@@ -168,3 +168,120 @@ fn fingerprint_ignores_default_spelling() {
     assert_eq!(fingerprint(&a), fingerprint(&b));
     assert_ne!(fingerprint(&b), fingerprint(&range(0, 11)));
 }
+
+/// A small deterministic generator (xorshift64*), so the fuzz runs are repeatable.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Mostly small values, sometimes the extremes.
+    fn num(&mut self) -> u64 {
+        match self.next() % 8 {
+            0 => u64::MAX - self.next() % 3,
+            1 => 0,
+            2 => self.next(),
+            _ => self.next() % 20,
+        }
+    }
+
+    fn int(&mut self) -> i64 {
+        match self.next() % 6 {
+            0 => i64::MIN + (self.next() % 3) as i64,
+            1 => i64::MAX - (self.next() % 3) as i64,
+            _ => (self.next() % 41) as i64 - 20,
+        }
+    }
+}
+
+fn random_def(g: &mut Gen) -> DatasetDef {
+    let sources = (0..g.next() % 4)
+        .map(|_| Source {
+            kind: match g.next() % 5 {
+                0 => None,
+                _ => Some(source::Kind::Range(RangeSource {
+                    start: g.int(),
+                    end: g.int(),
+                    step: g.int(),
+                })),
+            },
+        })
+        .collect();
+    let ops = (0..g.next() % 4)
+        .map(|_| DatasetOp {
+            kind: match g.next() % 4 {
+                0 => Some(dataset_op::Kind::Filter(FilterOp {
+                    modulo: g.num(),
+                    remainder: g.num(),
+                })),
+                1 => Some(dataset_op::Kind::Batch(BatchOp { size: g.num() })),
+                2 => Some(dataset_op::Kind::Repeat(RepeatOp { count: g.num() })),
+                _ => None,
+            },
+        })
+        .collect();
+    DatasetDef {
+        sources,
+        ops,
+        records_per_split: g.num(),
+    }
+}
+
+/// Random definitions (extreme numbers included) and random bytes: validation never panics,
+/// and a valid plan produces any split it counts without panicking.
+#[test]
+fn fuzz_definitions_never_panic() {
+    use prost::Message;
+    let mut g = Gen(0x9E37_79B9_7F4A_7C15);
+    let mut valid = 0;
+    for _ in 0..20_000 {
+        let def = random_def(&mut g);
+        let _ = fingerprint(&def);
+        let Ok(plan) = Plan::new(&def) else {
+            continue;
+        };
+        valid += 1;
+        let per_epoch = plan.splits_per_epoch();
+        let mut files = FileCache::default();
+        for s in [0, 1, per_epoch.saturating_sub(1), per_epoch, g.next()] {
+            let within = plan.total_splits().is_none_or(|t| s < t) && per_epoch > 0;
+            // Produce only small splits (a split of a huge range may hold 2^48 records).
+            let small = plan.locate(s).is_some_and(|(_, b, e)| e - b <= 64);
+            if within && small {
+                plan.split_elements(s, None, &mut files)
+                    .expect("a counted split");
+                plan.split_elements(s, Some((1, 3)), &mut files)
+                    .expect("a counted split");
+            } else if !within {
+                assert!(plan.split_elements(s, None, &mut files).is_err());
+            }
+        }
+        for mode in [
+            ProcessingMode::Off,
+            ProcessingMode::File,
+            ProcessingMode::Data,
+        ] {
+            let n = 1 + g.next() % 4;
+            let _: Vec<u64> = plan
+                .static_splits(mode, (g.next() % n, n))
+                .unwrap()
+                .take(5)
+                .collect();
+        }
+    }
+    assert!(
+        valid > 1_000,
+        "only {valid} valid definitions: the generator is too harsh"
+    );
+    for _ in 0..20_000 {
+        let bytes: Vec<u8> = (0..g.next() % 64).map(|_| g.next() as u8).collect();
+        if let Ok(def) = DatasetDef::decode(bytes.as_slice()) {
+            let _ = Plan::new(&def);
+        }
+    }
+}

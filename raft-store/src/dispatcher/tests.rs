@@ -397,3 +397,87 @@ fn a_lease_takes_reissued_splits_first_and_stops_at_the_end() {
     assert_eq!(lease(&mut s, t[0], 8), SplitAnswer::Splits(vec![8, 9]));
     assert_eq!(s.jobs[&j].splits.reissued, 4);
 }
+
+/// Random updates over a small id space (so they hit existing and missing ids alike): apply never
+/// panics, and a refused update leaves the state exactly as it was.
+#[test]
+fn fuzz_updates_never_panic_and_refusals_change_nothing() {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = move || {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    };
+    let mut s = DispatcherState::default();
+    let (mut applied, mut refused) = (0, 0);
+    for step in 0..30_000u64 {
+        let id = next() % 40;
+        let addr = format!("w{}", next() % 4);
+        let mode = [Mode::Off, Mode::Dynamic, Mode::File, Mode::Data][(next() % 4) as usize];
+        let op = match next() % 11 {
+            0 => DispatchOp::RegisterDataset {
+                fingerprint: next() % 5,
+                def: Bytes::from_static(b"d"),
+                total_splits: [None, Some(0), Some(next() % 50)][(next() % 3) as usize],
+            },
+            1 => DispatchOp::GetOrCreateJob {
+                dataset: id,
+                mode,
+                name: (next() % 2 == 0).then(|| format!("j{}", next() % 3)),
+                num_consumers: [None, Some(0), Some(1 + next() % 3)][(next() % 3) as usize],
+            },
+            2 => DispatchOp::ReleaseClient { client: id },
+            3 => DispatchOp::ClientTimeout { client: id },
+            4 => DispatchOp::RegisterWorker {
+                address: addr,
+                rounds: BTreeMap::from([(id, (next() % 100) as i64)]),
+            },
+            5 => DispatchOp::WorkerTimeout {
+                address: addr,
+                worker_id: id,
+            },
+            6 | 7 => DispatchOp::GetSplit {
+                task: id,
+                done: (0..next() % 3).map(|_| next() % 50).collect(),
+                max: (next() % 10) as u32,
+            },
+            8 => DispatchOp::WorkerUpdate {
+                address: addr,
+                done: (0..next() % 3)
+                    .map(|_| (next() % 40, next() % 50))
+                    .collect(),
+                completed: (0..next() % 2).map(|_| next() % 40).collect(),
+            },
+            9 => DispatchOp::ClientRounds {
+                client: id,
+                current_round: Some((next() % 200) as i64 - 50),
+                blocked_round: (next() % 2 == 0).then(|| (next() % 200) as i64),
+            },
+            _ => DispatchOp::CollectJob { job: id },
+        };
+        let before = s.clone();
+        match s.apply(&op, step) {
+            Ok(_) => applied += 1,
+            Err(_) => {
+                assert_eq!(s, before, "step {step}: refused {op} changed the state");
+                refused += 1;
+            }
+        }
+        // Invariants: a leased split is below the provider's position; leases point at tasks
+        // of their own job.
+        for j in s.jobs.values() {
+            for (split, task) in &j.splits.leased {
+                assert!(
+                    *split < j.splits.next,
+                    "step {step}: leased split {split} never handed out"
+                );
+                assert_eq!(s.tasks.get(task).map(|t| t.job), Some(j.id), "step {step}");
+            }
+        }
+    }
+    assert!(
+        applied > 5_000 && refused > 5_000,
+        "{applied} applied, {refused} refused"
+    );
+}
