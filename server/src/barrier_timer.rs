@@ -7,7 +7,7 @@
 //! dead leader fires on the new one at the same absolute time.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use coord_raft_store::storage::StateReader;
 use coord_raft_store::{Command, Op};
@@ -15,14 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::apply_hub::Deadline;
 use crate::leader::{LeaderWatch, Leadership};
-use crate::proposer::Proposer;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+use crate::proposer::{now_ms, Proposer};
 
 /// Runs the leader's barrier timers.
 pub async fn run(

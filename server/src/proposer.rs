@@ -133,7 +133,9 @@ fn command_bytes(c: &Command) -> usize {
     }
 }
 
-fn now_ms() -> u64 {
+/// The leader's wall clock in milliseconds since the Unix epoch: the time proposals carry, and
+/// the clock every leader timer compares with.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

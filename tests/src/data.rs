@@ -148,3 +148,35 @@ pub async fn wait_workers(d: &DispatchClient, n: usize) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+fn counts(values: &[i64]) -> std::collections::BTreeMap<i64, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for v in values {
+        *m.entry(*v).or_default() += 1;
+    }
+    m
+}
+
+/// Every value of `expect` exactly `times` times, nothing else.
+/// Every value of `expect` exactly `times` times in `values`, nothing else (any order).
+pub fn assert_exactly(values: &[i64], expect: impl Iterator<Item = i64>, times: usize, what: &str) {
+    let want: std::collections::BTreeMap<i64, usize> = expect.map(|v| (v, times)).collect();
+    let got = counts(values);
+    if got != want {
+        let missing: Vec<_> = want
+            .keys()
+            .filter(|k| !got.contains_key(k))
+            .take(10)
+            .collect();
+        let extra: Vec<_> = got
+            .iter()
+            .filter(|(k, n)| want.get(k) != Some(n))
+            .take(10)
+            .collect();
+        panic!(
+            "{what}: {} elements, want {}; missing {missing:?}, wrong counts {extra:?}",
+            values.len(),
+            want.values().sum::<usize>()
+        );
+    }
+}

@@ -2,7 +2,6 @@
 //! processing mode end to end with exact multiset checks, bad input, and the journal.
 //! (Failures — leader kill, full restart, worker kill — are in `dispatcher_faults.rs`.)
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use coord_proto::coord::dispatcher as pb;
@@ -10,41 +9,10 @@ use coord_proto::coord::dispatcher::{dataset_op, DatasetOp, FilterOp, RepeatOp};
 use coord_proto::dataset::range;
 use coord_tests::cli::coordctl_json;
 use coord_tests::data::{
-    consumer, dispatch_client, job, jobs, read_values, wait_workers, WorkerProc,
+    assert_exactly, consumer, dispatch_client, job, jobs, read_values, wait_workers, WorkerProc,
 };
 use coord_tests::{Cluster, ClusterOptions};
 use tonic::Code;
-
-fn counts(values: &[i64]) -> BTreeMap<i64, usize> {
-    let mut m = BTreeMap::new();
-    for v in values {
-        *m.entry(*v).or_default() += 1;
-    }
-    m
-}
-
-/// Every value of `expect` exactly `times` times, nothing else.
-fn assert_exactly(values: &[i64], expect: impl Iterator<Item = i64>, times: usize, what: &str) {
-    let want: BTreeMap<i64, usize> = expect.map(|v| (v, times)).collect();
-    let got = counts(values);
-    if got != want {
-        let missing: Vec<_> = want
-            .keys()
-            .filter(|k| !got.contains_key(k))
-            .take(10)
-            .collect();
-        let extra: Vec<_> = got
-            .iter()
-            .filter(|(k, n)| want.get(k) != Some(n))
-            .take(10)
-            .collect();
-        panic!(
-            "{what}: {} elements, want {}; missing {missing:?}, wrong counts {extra:?}",
-            values.len(),
-            want.values().sum::<usize>()
-        );
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_processing_mode_end_to_end() {

@@ -119,17 +119,12 @@ impl DispatcherState {
                     pending: VecDeque::new(),
                 };
                 for (shard, (address, worker_id)) in live.into_iter().enumerate() {
-                    let task = self.new_task(&job, address, worker_id, shard as u64);
+                    // Round-robin: the tasks made with the job are read from round 0.
+                    let task = self.new_task(id, address, worker_id, shard as u64, Some(0));
                     job.tasks.push(task);
                 }
                 if let Some(n) = name {
                     self.named_jobs.insert(n.to_string(), id);
-                }
-                for t in &job.tasks {
-                    if let Some(task) = self.tasks.get_mut(t) {
-                        // Round-robin: the tasks made with the job are read from round 0.
-                        task.starting_round = Some(0);
-                    }
                 }
                 self.jobs.insert(id, job);
                 id
@@ -147,24 +142,26 @@ impl DispatcherState {
         })
     }
 
-    /// Makes a task of `job` on the worker (not yet listed in the job's tasks).
+    /// Makes a task of job `job` on the worker (not yet listed in the job's tasks); `None` as the
+    /// starting round makes it pending (round-robin).
     pub(super) fn new_task(
         &mut self,
-        job: &Job,
+        job: u64,
         worker: String,
         worker_id: u64,
         shard: u64,
+        starting_round: Option<i64>,
     ) -> u64 {
         let id = self.next_id();
         self.tasks.insert(
             id,
             Task {
                 id,
-                job: job.id,
+                job,
                 worker,
                 worker_id,
                 shard_index: shard,
-                starting_round: None,
+                starting_round,
                 finished: false,
                 removed: false,
             },

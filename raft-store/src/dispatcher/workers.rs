@@ -29,20 +29,20 @@ impl DispatcherState {
             .map(|j| j.id)
             .collect();
         for job_id in jobs {
-            let Some(job) = self.jobs.get(&job_id) else {
+            let Some(round_robin) = self.jobs.get(&job_id).map(|j| j.num_consumers.is_some())
+            else {
                 continue;
             };
-            let job = job.clone();
-            let task = self.new_task(&job, address.to_string(), id, 0);
-            let round = rounds.get(&job_id).copied().unwrap_or(0);
+            // A round-robin task waits as pending until every consumer agrees on its round.
+            let start = (!round_robin).then_some(0);
+            let task = self.new_task(job_id, address.to_string(), id, 0, start);
             let Some(job) = self.jobs.get_mut(&job_id) else {
                 continue;
             };
             job.tasks.push(task);
-            if job.num_consumers.is_some() {
+            if round_robin {
+                let round = rounds.get(&job_id).copied().unwrap_or(0);
                 job.pending.push_back(PendingTask::new(task, round));
-            } else if let Some(t) = self.tasks.get_mut(&task) {
-                t.starting_round = Some(0);
             }
         }
         DispatchOutput::Worker { id }

@@ -3,19 +3,14 @@
 //! it; a new leader judges afresh after a full timeout of grace.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use coord_raft_store::dispatcher::{DispatchOp, Mode};
 use coord_raft_store::{Command, Op};
 
 use super::DispatchCore;
 use crate::leader::{LeaderWatch, Leadership};
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::proposer::now_ms;
 
 fn propose(core: &Arc<DispatchCore>, op: DispatchOp) {
     let proposer = core.proposer.clone();
