@@ -44,7 +44,7 @@ impl Default for ClusterOptions {
         Self {
             replicas: 3,
             extra_args: Vec::new(),
-            log_filter: "info,openraft=warn,sled=warn,h2=warn".into(),
+            log_filter: "info,openraft=warn,h2=warn".into(),
             proxied: false,
         }
     }
@@ -95,6 +95,20 @@ pub fn profile_dir() -> PathBuf {
 /// Binary `bin` of workspace package `package`, built with cargo in the profile of the running
 /// test (a test cannot name another package's binary through `CARGO_BIN_EXE_*`). The environment
 /// variable `env_override`, if given and set, names a binary to use instead.
+/// Sends signal `sig` (`TERM`, `STOP`, `KILL`, …) to process `target`, or to process group `-target`
+/// when `target` is negative.
+///
+/// Always `kill -s SIG -- TARGET`: procps-ng 4.0's `kill -KILL -12345` reads the group id's first
+/// digit as part of an option and calls `kill(-1, SIGKILL)`, which kills every process on the
+/// machine (seen with strace: `kill -0 -12345` calls `kill(-1, 0)`).
+pub fn send_signal(target: i64, sig: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", sig, "--", &target.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
 pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) -> PathBuf {
     if let Some(p) = env_override.and_then(|v| std::env::var(v).ok()) {
         return PathBuf::from(p);
@@ -386,10 +400,7 @@ impl Cluster {
     /// if it exited by itself in time.
     pub fn terminate(&mut self, id: u64, grace: Duration) -> Option<i32> {
         let mut c = self.replica_mut(id).child.take()?;
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(c.id().to_string())
-            .status();
+        send_signal(i64::from(c.id()), "TERM");
         let deadline = std::time::Instant::now() + grace;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(status)) = c.try_wait() {
@@ -404,17 +415,17 @@ impl Cluster {
 
     /// SIGSTOP: the replica freezes (a stalled VM, a GC pause) but keeps its sockets.
     pub fn pause(&self, id: u64) {
-        self.signal(id, "-STOP");
+        self.signal(id, "STOP");
     }
 
     /// SIGCONT after [`Cluster::pause`].
     pub fn resume(&self, id: u64) {
-        self.signal(id, "-CONT");
+        self.signal(id, "CONT");
     }
 
     fn signal(&self, id: u64, sig: &str) {
         if let Some(pid) = self.pid(id) {
-            let _ = Command::new("kill").arg(sig).arg(pid.to_string()).status();
+            send_signal(i64::from(pid), sig);
         }
     }
 

@@ -20,10 +20,7 @@ pub struct Guarded {
 impl Guarded {
     pub fn kill(&mut self) {
         // The Python scripts start helper processes: kill the group they share.
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(format!("-{}", self.child.id()))
-            .status();
+        crate::cluster::send_signal(-i64::from(self.child.id()), "KILL");
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

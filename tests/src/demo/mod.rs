@@ -154,7 +154,7 @@ impl Tasks {
 
     fn signal(&self, id: i32, sig: &str) {
         if let Some(pid) = self.pid(id) {
-            let _ = Command::new("kill").arg(sig).arg(pid.to_string()).status();
+            crate::cluster::send_signal(i64::from(pid), sig);
         }
     }
 
@@ -268,7 +268,7 @@ pub async fn run_job(binary: &Path, options: JobOptions) -> JobOutcome {
             killed_replica = Some((l, Instant::now()));
         }
         Scenario::Dies => {
-            tasks.signal(2, "-KILL");
+            tasks.signal(2, "KILL");
             say(format!(
                 "kill -9 {} (it will never reach the barrier)",
                 who(2)
@@ -276,7 +276,7 @@ pub async fn run_job(binary: &Path, options: JobOptions) -> JobOutcome {
         }
     }
     for &id in &preempted {
-        tasks.signal(id, "-TERM");
+        tasks.signal(id, "TERM");
         say(format!("SIGTERM to {}", who(id)));
     }
 
