@@ -7,7 +7,7 @@
 //!   runtime).
 //! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal).
 //! - [`key`]: TensorFlow's key normalization.
-//! - [`storage`]: openraft's log storage on sled with group-committed `fdatasync`, the in-memory
+//! - [`storage`]: openraft's log storage (segment files with group-committed `fdatasync`), the in-memory
 //!   state machine, snapshot files.
 //! - [`codec`]: the binary encoding of entries, snapshots and Raft messages.
 //! - [`stats`]: counters and histograms for metrics.

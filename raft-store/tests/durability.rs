@@ -1,4 +1,4 @@
-//! No write is acknowledged before its sync: a real one-replica openraft runs on the sled store,
+//! No write is acknowledged before its sync: a real one-replica openraft runs on the real store,
 //! and a sync hook holds back or fails the flusher's syncs.
 
 mod common;
@@ -100,7 +100,6 @@ async fn start_single(
 ) -> (Raft, coord_raft_store::storage::StateReader) {
     let options = StoreOptions {
         sync_hook: Some(gate.clone()),
-        ..StoreOptions::default()
     };
     let (log, sm) = common::open_store(dir, options);
     let reader = sm.reader();
@@ -194,7 +193,6 @@ async fn writers_queued_behind_a_sync_share_the_next_one() {
     let gate = Arc::new(Gate::default());
     let options = StoreOptions {
         sync_hook: Some(gate.clone()),
-        ..StoreOptions::default()
     };
     let (log, _sm) = common::open_store(dir.path(), options);
     gate.set(|s| s.closed = true);
@@ -242,7 +240,6 @@ async fn save_vote_returns_only_when_durable() {
     let gate = Arc::new(Gate::default());
     let options = StoreOptions {
         sync_hook: Some(gate.clone()),
-        ..StoreOptions::default()
     };
     let (log, _sm) = common::open_store(dir.path(), options.clone());
     gate.set(|s| s.closed = true);

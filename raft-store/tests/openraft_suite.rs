@@ -1,4 +1,4 @@
-//! openraft's own storage conformance suite, run against the sled log store and the state machine.
+//! openraft's own storage conformance suite, run against the log store and the state machine.
 
 mod common;
 

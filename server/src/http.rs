@@ -418,7 +418,7 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
     single_histogram(
         &mut out,
         "coord_log_sync_seconds",
-        "Duration of a log sync (sled flush + fdatasync).",
+        "Duration of a log sync (fdatasync of the segments written since the last one).",
         &sy.latency,
     );
 

@@ -11,7 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,h2=warn,tower=warn"));
     // Colours only for a person at a terminal, not in files, journald or container logs.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
         && std::env::var_os("NO_COLOR").is_none();

@@ -119,13 +119,20 @@ async fn damaged_data_is_refused_and_the_others_keep_serving() {
         .expect("two replicas still serve");
     std::fs::write(&snap, &bytes).expect("restore snapshot");
 
-    // sled's log file overwritten with garbage: sled alone would read it as an empty log and the
-    // replica would forget its vote; the witness catches it.
+    // The log's segment files overwritten with garbage: the newest alone would read as a torn
+    // write at byte 0, an empty log, and the replica would forget its vote; the witness catches it.
     c.kill(2);
     let raft_dir = c.replica(2).data_dir.join("raft");
-    let db = raft_dir.join("db");
-    let original = std::fs::read(&db).expect("db file");
-    std::fs::write(&db, vec![0xA5u8; original.len().max(4096)]).expect("scribble over the log");
+    let mut scribbled = 0;
+    for entry in std::fs::read_dir(&raft_dir).expect("raft dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            let len = std::fs::metadata(&path).expect("segment").len() as usize;
+            std::fs::write(&path, vec![0xA5u8; len.max(4096)]).expect("scribble over the log");
+            scribbled += 1;
+        }
+    }
+    assert!(scribbled > 0, "no log segment in {}", raft_dir.display());
     let args = c.args_of(2);
     expect_refusal(&mut c, 2, &args, "is damaged");
 

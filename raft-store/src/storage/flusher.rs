@@ -1,27 +1,19 @@
 //! Group commit: the one thread that makes log writes durable.
 //!
-//! sled 0.34's `flush()` ends in `sync_file_range`, which survives a process crash but not a power
-//! loss (spacejam/sled#1452). So after sled's flush the flusher also `fdatasync`s sled's log file,
-//! and any blob file sled wrote beside it (sled writes large values into `blobs/` without syncing
-//! them). Only then are the writers told their data is on disk.
-//!
-//! Writers enqueue a job and go on; the thread takes every job queued so far, syncs once and
-//! completes them all in FIFO order. Many appends thus share one sync, and because a sync covers
-//! every write made before it started, completion order equals submission order.
-//!
-//! Blob files cost a directory scan to find, so the flusher looks for them only once an entry big
-//! enough to put a page over sled's blob threshold has been written ([`BLOB_SUSPECT_ENTRY_BYTES`]),
-//! and from then on at every sync; blobs left by an earlier run are synced at start.
+//! Writers (see `wal`) write to the segment files and mark them unsynced; then they enqueue a job
+//! and go on. The thread takes every job queued so far, `fdatasync`s the files marked since the
+//! last sync once, and completes the jobs in FIFO order. Many appends thus share one sync, and
+//! because a sync covers every write made before it started, completion order equals submission
+//! order.
 //!
 //! After a failed sync the flusher fails every later job as well: once `fsync` has reported an
 //! error, the kernel may have dropped the dirty pages, and a later "successful" sync would lie.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -31,21 +23,12 @@ use tokio::sync::oneshot;
 use crate::stats::SyncStats;
 use crate::types::TypeConfig;
 
+use super::wal::Unsynced;
 use super::witness::Witness;
-
-/// sled's segment size for the Raft log.
-pub const SEGMENT_SIZE: usize = 8 << 20;
-/// sled writes a page larger than this to its own blob file.
-const BLOB_THRESHOLD: usize = SEGMENT_SIZE / 4;
-/// A sled leaf holds up to 17 items before it splits, so once an entry this large exists a page
-/// may cross [`BLOB_THRESHOLD`].
-pub const BLOB_SUSPECT_ENTRY_BYTES: usize = BLOB_THRESHOLD / 17;
 
 /// How far the log has got, as the flusher needs to know it to advance the witness.
 #[derive(Default)]
 pub(crate) struct LogPositions {
-    /// Set (for good) once an entry of [`BLOB_SUSPECT_ENTRY_BYTES`] or more was written.
-    pub blobs_possible: std::sync::atomic::AtomicBool,
     /// Index of the last appended entry (0 when the log is empty).
     pub appended: std::sync::atomic::AtomicU64,
     /// The committed index openraft last reported.
@@ -171,38 +154,29 @@ fn run(rx: mpsc::Receiver<Job>, mut target: SyncTarget, stats: &SyncStats) {
 
 /// The files a sync must reach, and what to tell the witness after.
 pub(crate) struct SyncTarget {
-    db: sled::Db,
-    /// sled's single log file, opened once.
-    log_file: File,
-    blob_dir: PathBuf,
-    /// Blob files already synced (sled never rewrites a blob in place).
-    synced_blobs: HashSet<std::ffi::OsString>,
+    /// The log's directory, synced when a segment was created or deleted.
+    dir: PathBuf,
+    unsynced: Arc<Mutex<Unsynced>>,
     hook: Option<Arc<dyn SyncHook>>,
     witness: Arc<Witness>,
     positions: Arc<LogPositions>,
 }
 
 impl SyncTarget {
-    pub(crate) fn open(
-        db: sled::Db,
+    pub(crate) fn new(
         dir: &Path,
+        unsynced: Arc<Mutex<Unsynced>>,
         hook: Option<Arc<dyn SyncHook>>,
         witness: Arc<Witness>,
         positions: Arc<LogPositions>,
-    ) -> io::Result<Self> {
-        let log_file = File::open(dir.join("db"))?;
-        let mut target = Self {
-            db,
-            log_file,
-            blob_dir: dir.join("blobs"),
-            synced_blobs: HashSet::new(),
+    ) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            unsynced,
             hook,
             witness,
             positions,
-        };
-        // Blobs of an earlier run may never have been synced (a crash after sled wrote them).
-        target.sync_new_blobs()?;
-        Ok(target)
+        }
     }
 
     fn sync(&mut self) -> io::Result<()> {
@@ -210,43 +184,18 @@ impl SyncTarget {
         if let Some(hook) = &self.hook {
             hook.before_sync()?;
         }
-        // Whatever was appended before this sync starts is durable once it ends.
+        // Whatever was appended before this load is in a file taken below (writers mark the file
+        // unsynced before they publish the position), so it is durable once the syncs end.
         let appended = self.positions.appended.load(Acquire);
-        self.db.flush().map_err(io::Error::other)?;
-        self.log_file.sync_data()?;
-        if self.positions.blobs_possible.load(Acquire) {
-            self.sync_new_blobs()?;
+        let Unsynced { files, dir } =
+            std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(PoisonError::into_inner));
+        for file in &files {
+            file.sync_data()?;
+        }
+        if dir {
+            File::open(&self.dir)?.sync_all()?;
         }
         let committed = self.positions.committed.load(Acquire);
         self.witness.advance_committed(committed.min(appended))
-    }
-
-    fn sync_new_blobs(&mut self) -> io::Result<()> {
-        let entries = match std::fs::read_dir(&self.blob_dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let mut present = HashSet::new();
-        let mut new = false;
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            if !self.synced_blobs.contains(&name) {
-                match File::open(entry.path()) {
-                    Ok(f) => f.sync_data()?,
-                    // sled may have garbage-collected it meanwhile.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e),
-                }
-                new = true;
-            }
-            present.insert(name);
-        }
-        if new {
-            File::open(&self.blob_dir)?.sync_all()?;
-        }
-        self.synced_blobs = present;
-        Ok(())
     }
 }

@@ -1,16 +1,14 @@
-//! The Raft log and vote in sled: openraft's [`RaftLogStorage`], implemented here and nowhere else.
+//! The Raft log and vote: openraft's [`RaftLogStorage`], implemented here and nowhere else, over
+//! the segment files of [`super::wal`].
 //!
-//! Layout: tree `logs` maps the big-endian index to the encoded entry, tree `meta` holds the vote,
-//! the committed and last purged log ids, and the replica's identity.
-//!
-//! Durability: `append` writes the entries synchronously (so they are readable when it returns)
-//! and hands the completion callback to the [`Flusher`], which calls it only after `fdatasync`.
-//! `save_vote` and `truncate` wait for a sync before returning. All writes go through one sled
-//! database, and a sync covers every write made before it, so writes reach disk in submission
-//! order.
+//! Durability: `append` writes the entries (so they are readable when it returns) and hands the
+//! completion callback to the [`Flusher`], which calls it only after `fdatasync`. `save_vote`,
+//! `truncate` and `purge` wait for a sync before returning. All records go to one file at a time
+//! and a sync covers every write made before it, so writes reach disk in submission order.
 
 use std::fmt::Debug;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::codec;
@@ -19,61 +17,57 @@ use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 
-use super::flusher::{Flusher, LogPositions, BLOB_SUSPECT_ENTRY_BYTES};
+use super::flusher::{Flusher, LogPositions};
+use super::wal::Wal;
 use super::witness::Witness;
-
-const KEY_VOTE: &[u8] = b"vote";
-const KEY_COMMITTED: &[u8] = b"committed";
-const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
 /// Replication reads at most this many bytes of entries for one AppendEntries (but always at least
 /// one entry), so a burst of large values cannot build a gigantic message.
 const REPLICATION_BATCH_BYTES: usize = 8 << 20;
 
-/// The sled-backed Raft log. Cloning is cheap; clones share one database and one flusher.
+/// The Raft log. Cloning is cheap; clones share the files and the flusher.
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    logs: sled::Tree,
-    meta: sled::Tree,
+    wal: Wal,
     flusher: Flusher,
     witness: Arc<Witness>,
     positions: Arc<LogPositions>,
 }
 
-fn io_err<E: std::error::Error + 'static>(
+/// An error of kind `make` (write_vote, write_logs, …) caused by `e`.
+fn storage_err<E: std::error::Error + 'static>(
     make: fn(openraft::AnyError) -> StorageIOError<u64>,
-) -> impl Fn(E) -> StorageError {
-    move |e| make(openraft::AnyError::new(&e)).into()
+    e: E,
+) -> StorageError {
+    make(openraft::AnyError::new(&e)).into()
+}
+
+/// A read error at one index, as openraft wants it.
+fn read_err((index, why): (u64, String)) -> StorageError {
+    StorageIOError::read_log_at_index(index, openraft::AnyError::error(why)).into()
 }
 
 impl LogStore {
     pub(crate) fn new(
-        db: &sled::Db,
+        wal: Wal,
         flusher: Flusher,
         witness: Arc<Witness>,
         positions: Arc<LogPositions>,
-    ) -> Result<Self, StorageError> {
-        let tree = |name: &str| db.open_tree(name).map_err(io_err(StorageIOError::read));
-        let store = Self {
+    ) -> Self {
+        let last = wal.bounds().1.map_or(0, |l| l.index);
+        positions.appended.store(last, Ordering::Release);
+        Self {
             inner: Arc::new(Inner {
-                logs: tree("logs")?,
-                meta: tree("meta")?,
+                wal,
                 flusher,
                 witness,
                 positions,
             }),
-        };
-        let last = store.log_bounds()?.1.map_or(0, |l| l.index);
-        store
-            .inner
-            .positions
-            .appended
-            .store(last, std::sync::atomic::Ordering::Release);
-        Ok(store)
+        }
     }
 
     /// Writes the initial (empty) witness of a new log.
@@ -86,61 +80,19 @@ impl LogStore {
         self.inner.flusher.stats().clone()
     }
 
+    /// Number of segment files the log spans now.
+    pub fn segment_count(&self) -> usize {
+        self.inner.wal.segment_count()
+    }
+
     /// (last purged, last) log ids; `last` falls back to the purge point when the log is empty.
-    pub(crate) fn log_bounds(&self) -> Result<(Option<LogId>, Option<LogId>), StorageError> {
-        let last_purged = self.read_log_id(KEY_LAST_PURGED)?;
-        let last = match self
-            .inner
-            .logs
-            .last()
-            .map_err(io_err(StorageIOError::read_logs))?
-        {
-            Some((k, v)) => Some(Self::decode_entry(&k, &v)?.log_id),
-            None => None,
-        };
-        Ok((last_purged, last.or(last_purged)))
+    pub(crate) fn log_bounds(&self) -> (Option<LogId>, Option<LogId>) {
+        self.inner.wal.bounds()
     }
 
-    pub(crate) fn stored_vote(&self) -> Result<Option<Vote>, StorageError> {
-        self.read_meta_value(KEY_VOTE, "vote", StorageIOError::read_vote)
+    pub(crate) fn stored_vote(&self) -> Option<Vote> {
+        self.inner.wal.vote()
     }
-
-    fn read_log_id(&self, key: &[u8]) -> Result<Option<LogId>, StorageError> {
-        self.read_meta_value(key, "log id", StorageIOError::read)
-    }
-
-    /// Reads and decodes one value of the `meta` tree; `err` says what failed to read.
-    fn read_meta_value<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &[u8],
-        what: &'static str,
-        err: fn(openraft::AnyError) -> StorageIOError<u64>,
-    ) -> Result<Option<T>, StorageError> {
-        let Some(bytes) = self.inner.meta.get(key).map_err(io_err(err))? else {
-            return Ok(None);
-        };
-        codec::decode(what, &bytes).map(Some).map_err(io_err(err))
-    }
-
-    fn decode_entry(index: &[u8], bytes: &[u8]) -> Result<Entry, StorageError> {
-        codec::decode::<Entry>("log entry", bytes).map_err(|e| {
-            let at = index.try_into().map(u64::from_be_bytes).unwrap_or_default();
-            StorageIOError::read_log_at_index(at, openraft::AnyError::new(&e)).into()
-        })
-    }
-}
-
-fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
-
-fn to_key_range<RB: RangeBounds<u64>>(range: &RB) -> (Bound<[u8; 8]>, Bound<[u8; 8]>) {
-    let map = |b: Bound<&u64>| match b {
-        Bound::Included(i) => Bound::Included(index_key(*i)),
-        Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
-        Bound::Unbounded => Bound::Unbounded,
-    };
-    (map(range.start_bound()), map(range.end_bound()))
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -148,12 +100,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        let mut out = Vec::new();
-        for item in self.inner.logs.range(to_key_range(&range)) {
-            let (k, v) = item.map_err(io_err(StorageIOError::read_logs))?;
-            out.push(Self::decode_entry(&k, &v)?);
-        }
-        Ok(out)
+        self.inner.wal.read(range, None).map_err(read_err)
     }
 
     async fn limited_get_log_entries(
@@ -161,17 +108,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        for item in self.inner.logs.range(index_key(start)..index_key(end)) {
-            let (k, v) = item.map_err(io_err(StorageIOError::read_logs))?;
-            if !out.is_empty() && bytes + v.len() > REPLICATION_BATCH_BYTES {
-                break;
-            }
-            bytes += v.len();
-            out.push(Self::decode_entry(&k, &v)?);
-        }
-        Ok(out)
+        self.inner
+            .wal
+            .read(start..end, Some(REPLICATION_BATCH_BYTES))
+            .map_err(read_err)
     }
 }
 
@@ -179,7 +119,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let (last_purged_log_id, last_log_id) = self.log_bounds()?;
+        let (last_purged_log_id, last_log_id) = self.log_bounds();
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -191,25 +131,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let bytes = codec::encode("vote", vote).map_err(io_err(StorageIOError::write_vote))?;
-        self.inner
-            .meta
-            .insert(KEY_VOTE, bytes)
-            .map_err(io_err(StorageIOError::write_vote))?;
-        self.inner
-            .flusher
-            .sync()
-            .await
-            .map_err(io_err(StorageIOError::write_vote))?;
+        let err = |e| storage_err(StorageIOError::write_vote, e);
+        self.inner.wal.save_vote(vote).map_err(err)?;
+        self.inner.flusher.sync().await.map_err(err)?;
         let (witness, vote) = (self.inner.witness.clone(), *vote);
         tokio::task::spawn_blocking(move || witness.record_vote(&vote))
             .await
-            .map_err(io_err(StorageIOError::write_vote))?
-            .map_err(io_err(StorageIOError::write_vote))
+            .map_err(|e| storage_err(StorageIOError::write_vote, e))?
+            .map_err(err)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.stored_vote()
+        Ok(self.stored_vote())
     }
 
     /// The committed id is a hint for replay after a restart; it rides on the next sync and need
@@ -219,20 +152,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.inner
                 .positions
                 .committed
-                .fetch_max(c.index, std::sync::atomic::Ordering::AcqRel);
+                .fetch_max(c.index, Ordering::AcqRel);
         }
-        let bytes = codec::encode("log id", &committed).map_err(io_err(StorageIOError::write))?;
         self.inner
-            .meta
-            .insert(KEY_COMMITTED, bytes)
-            .map_err(io_err(StorageIOError::write))?;
-        Ok(())
+            .wal
+            .save_committed(committed)
+            .map_err(|e| storage_err(StorageIOError::write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        let committed: Option<Option<LogId>> =
-            self.read_meta_value(KEY_COMMITTED, "log id", StorageIOError::read)?;
-        Ok(committed.flatten())
+        Ok(self.inner.wal.committed())
     }
 
     async fn append<I>(
@@ -244,76 +173,41 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
-        let mut last = None;
-        let mut largest = 0;
-        for entry in entries {
-            let bytes =
-                codec::encode("log entry", &entry).map_err(io_err(StorageIOError::write_logs))?;
-            largest = largest.max(bytes.len());
-            batch.insert(&index_key(entry.log_id.index), bytes);
-            last = Some(entry.log_id.index);
-        }
-        if largest >= BLOB_SUSPECT_ENTRY_BYTES {
-            // Set before the write: the sync that covers it must look for blob files.
-            self.inner
-                .positions
-                .blobs_possible
-                .store(true, std::sync::atomic::Ordering::Release);
-        }
-        self.inner
-            .logs
-            .apply_batch(batch)
-            .map_err(io_err(StorageIOError::write_logs))?;
-        if let Some(last) = last {
+        let err = |e| storage_err(StorageIOError::write_logs, e);
+        let encoded = entries
+            .into_iter()
+            .map(|entry| Ok((entry.log_id, codec::encode("log entry", &entry)?)))
+            .collect::<Result<Vec<_>, codec::CodecError>>()
+            .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
+        self.inner.wal.append(&encoded).map_err(err)?;
+        if let Some((last, _)) = encoded.last() {
+            // After the write marked its file unsynced: see the flusher's `sync`.
             self.inner
                 .positions
                 .appended
-                .store(last, std::sync::atomic::Ordering::Release);
+                .store(last.index, Ordering::Release);
         }
-        self.inner
-            .flusher
-            .after_sync(callback)
-            .map_err(io_err(StorageIOError::write_logs))
+        self.inner.flusher.after_sync(callback).map_err(err)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.inner.positions.appended.store(
-            log_id.index.saturating_sub(1),
-            std::sync::atomic::Ordering::Release,
-        );
-        let mut batch = sled::Batch::default();
-        for item in self.inner.logs.range(index_key(log_id.index)..) {
-            let (k, _) = item.map_err(io_err(StorageIOError::write_logs))?;
-            batch.remove(k);
-        }
+        let err = |e| storage_err(StorageIOError::write_logs, e);
         self.inner
-            .logs
-            .apply_batch(batch)
-            .map_err(io_err(StorageIOError::write_logs))?;
-        self.inner
-            .flusher
-            .sync()
-            .await
-            .map_err(io_err(StorageIOError::write_logs))
+            .positions
+            .appended
+            .store(log_id.index.saturating_sub(1), Ordering::Release);
+        self.inner.wal.truncate(log_id.index).map_err(err)?;
+        self.inner.flusher.sync().await.map_err(err)
     }
 
-    /// Records the new purge point first and deletes afterwards: a crash in between leaves only
-    /// unreachable entries behind, never a hole and never a purge point that went backwards.
+    /// Records the new purge point, waits until it is durable, and only then deletes the segments
+    /// it made useless: a crash in between leaves only unreachable entries behind, never a hole
+    /// and never a purge point that went backwards.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let bytes = codec::encode("log id", &log_id).map_err(io_err(StorageIOError::write_logs))?;
-        self.inner
-            .meta
-            .insert(KEY_LAST_PURGED, bytes)
-            .map_err(io_err(StorageIOError::write_logs))?;
-        let mut batch = sled::Batch::default();
-        for item in self.inner.logs.range(..=index_key(log_id.index)) {
-            let (k, _) = item.map_err(io_err(StorageIOError::write_logs))?;
-            batch.remove(k);
-        }
-        self.inner
-            .logs
-            .apply_batch(batch)
-            .map_err(io_err(StorageIOError::write_logs))
+        let err = |e| storage_err(StorageIOError::write_logs, e);
+        self.inner.wal.purge(log_id).map_err(err)?;
+        self.inner.flusher.sync().await.map_err(err)?;
+        self.inner.wal.delete_purged_segments().map_err(err)?;
+        Ok(())
     }
 }

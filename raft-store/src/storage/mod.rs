@@ -1,18 +1,21 @@
 //! The durable side of a replica: where the Raft log, the vote and the snapshots live.
 //!
+//! - [`segments`]: the log's file format; [`wal`]: its index, writer and recovery.
 //! - [`flusher`]: group commit; the only place that syncs the log to disk.
-//! - [`log_store`]: openraft's `RaftLogStorage` on sled.
-//! - [`witness`]: what the log must at least contain, kept outside sled to catch damage.
+//! - [`log_store`]: openraft's `RaftLogStorage` over the [`wal`].
+//! - [`witness`]: what the log must at least contain, kept beside it to catch damage.
 //! - [`snapshot`]: the checksummed snapshot file; [`files`]: self-checking atomic files.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over the in-memory [`crate::CoordState`].
 //!
-//! A data directory holds `raft/` (the sled database and `witness.bin`) and `snapshots/`.
+//! A data directory holds `raft/` (the log segments and `witness.bin`) and `snapshots/`.
 
 pub mod files;
 pub mod flusher;
 pub mod log_store;
+pub mod segments;
 pub mod snapshot;
 pub mod state_machine;
+pub mod wal;
 pub mod witness;
 
 use std::path::{Path, PathBuf};
@@ -24,22 +27,10 @@ pub use snapshot::SnapshotError;
 pub use state_machine::{Applied, ApplyListener, StateMachineStore, StateReader};
 
 /// How to open a replica's storage.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct StoreOptions {
-    /// sled's page cache size. The log is append-mostly and read back soon after, so a modest
-    /// cache does; sled's 1 GiB default is far more than a coordinator needs.
-    pub cache_capacity_bytes: u64,
     /// Called before every sync (tests, fault injection).
     pub sync_hook: Option<Arc<dyn SyncHook>>,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            cache_capacity_bytes: 64 << 20,
-            sync_hook: None,
-        }
-    }
 }
 
 /// Why a data directory could not be opened. Every variant names the path involved.
@@ -50,12 +41,6 @@ pub enum OpenError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
-    },
-    #[error("cannot open the Raft log at {path} (is another coordinator using this data directory, or is it damaged?): {source}")]
-    Sled {
-        path: PathBuf,
-        #[source]
-        source: sled::Error,
     },
     #[error("cannot start the log flusher for {path}: {source}")]
     Flusher {
@@ -89,43 +74,38 @@ pub fn open(
         source,
     })?;
     let raft_dir = data_dir.join("raft");
-    let sled_err = |source| OpenError::Sled {
-        path: raft_dir.clone(),
-        source,
-    };
-    let db = sled::Config::new()
-        .path(&raft_dir)
-        .cache_capacity(options.cache_capacity_bytes)
-        // sled writes any page larger than a quarter segment to a separate blob file; with 8 MiB
-        // segments a leaf of batched entries stays inline (see the flusher's blob handling).
-        .segment_size(flusher::SEGMENT_SIZE)
-        // The flusher syncs on every write that needs it; sled's own periodic flush would only
-        // add fsyncs competing with it.
-        .flush_every_ms(None)
-        .open()
-        .map_err(sled_err)?;
     let damaged = |reason: String| OpenError::Damaged {
         path: raft_dir.clone(),
         reason,
     };
-    let (witness, witnessed) = witness::Witness::open(&raft_dir).map_err(damaged)?;
-    let witness = Arc::new(witness);
-    let positions = Arc::new(flusher::LogPositions::default());
-    let flusher_err = |source| OpenError::Flusher {
+    std::fs::create_dir_all(&raft_dir).map_err(|source| OpenError::CreateDir {
         path: raft_dir.clone(),
         source,
-    };
-    let target = flusher::SyncTarget::open(
-        db.clone(),
+    })?;
+    let (witness, witnessed) = witness::Witness::open(&raft_dir).map_err(damaged)?;
+    if raft_dir.join("db").exists() && segments::list(&raft_dir).is_ok_and(|s| s.is_empty()) {
+        return Err(damaged(
+            "it holds a Raft log in the sled format of an older coord, which this version no longer reads".into(),
+        ));
+    }
+    let (wal, recovered) = wal::Wal::open(&raft_dir).map_err(damaged)?;
+    if let Some((file, what)) = &recovered.torn_tail {
+        tracing::warn!(file = %file.display(), damage = %what, "cut a torn write off the end of the Raft log (a crash before it was synced)");
+    }
+    let witness = Arc::new(witness);
+    let positions = Arc::new(flusher::LogPositions::default());
+    let target = flusher::SyncTarget::new(
         &raft_dir,
+        wal.unsynced(),
         options.sync_hook,
         witness.clone(),
         positions.clone(),
-    )
-    .map_err(flusher_err)?;
-    let flusher = flusher::Flusher::start(target).map_err(flusher_err)?;
-    let log_store =
-        LogStore::new(&db, flusher, witness, positions).map_err(|e| damaged(e.to_string()))?;
+    );
+    let flusher = flusher::Flusher::start(target).map_err(|source| OpenError::Flusher {
+        path: raft_dir.clone(),
+        source,
+    })?;
+    let log_store = LogStore::new(wal, flusher, witness, positions);
     let snapshots = snapshot::SnapshotDir::open(&data_dir.join("snapshots"))?;
     let state_machine = StateMachineStore::open(snapshots, listener)?;
     check_consistency(&log_store, &state_machine, witnessed.as_ref()).map_err(damaged)?;
@@ -143,15 +123,15 @@ pub fn open(
     })
 }
 
-/// Refuses storage that lost something it once held: sled must agree with the witness, and a log
+/// Refuses storage that lost something it once held: the log must agree with the witness, and a log
 /// purged past its start needs the snapshot that replaced it.
 fn check_consistency(
     log: &LogStore,
     sm: &StateMachineStore,
     witnessed: Option<&witness::WitnessState>,
 ) -> Result<(), String> {
-    let vote = log.stored_vote().map_err(|e| e.to_string())?;
-    let (purged, last) = log.log_bounds().map_err(|e| e.to_string())?;
+    let vote = log.stored_vote();
+    let (purged, last) = log.log_bounds();
     match witnessed {
         None if vote.is_some() || last.is_some() => {
             return Err("the Raft log has data but its witness file is missing".into());

@@ -1,9 +1,10 @@
-//! An independent witness of what the Raft log must contain, kept beside sled.
+//! An independent witness of what the Raft log must contain, kept beside it.
 //!
-//! sled silently treats a damaged log file as a shorter (even empty) database: a replica would come
-//! back with older data and, worse, a forgotten vote, and could vote twice in one term. So the vote
-//! and a lower bound of the committed index are also kept in `witness.bin`, a small checksummed
-//! file replaced atomically. When the storage opens, sled must agree with it: a vote older than
+//! The log reads a damaged newest segment as a torn write and carries on from the last whole
+//! record, and a lost or scribbled-over segment file leaves a shorter (even empty) log: a replica
+//! would come back with older data and, worse, a forgotten vote, and could vote twice in one term.
+//! So the vote and a lower bound of the committed index are also kept in `witness.bin`, a small
+//! checksummed file replaced atomically. When the storage opens, the log must agree with it: a vote older than
 //! the witnessed one, or a log that ends before the witnessed commit index, means the data is
 //! damaged and the replica must not run on it.
 //!

@@ -235,7 +235,7 @@ pub struct Restore {
 /// Journals `updates` GetSplits, kills every replica, restarts them all.
 async fn restore(updates: u64) -> Result<Restore, String> {
     // Info logs: the restart's phases are read back from them.
-    let mut cluster = ensemble_logging("info,openraft=warn,sled=warn,h2=warn");
+    let mut cluster = ensemble_logging("info,openraft=warn,h2=warn");
     let eps = cluster.endpoints();
     cluster_ready(&eps).await?;
     let d = dispatch_client(&eps);

@@ -1,0 +1,533 @@
+//! The Raft log files: an in-memory index over the segments of [`super::segments`], the writer that
+//! appends to the newest segment, and recovery at open.
+//!
+//! Every write lands in the page cache at once and is readable as soon as the call returns; it is
+//! durable only after the [`super::flusher`] has synced the files this module marked unsynced. The
+//! callers (the log store) decide who waits for that sync.
+//!
+//! Recovery reads every segment in order and replays its records. A record that is cut short or
+//! fails its checksum at the end of the newest segment is a write torn by a crash before it was
+//! synced: the file is cut there and the log goes on from the last whole record. The same damage in
+//! any older segment, or records out of order, mean the log is damaged and the replica refuses to
+//! start. (A lost *synced* tail is caught by the witness, which knows the vote and a lower bound of
+//! the committed index.)
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::codec;
+use crate::types::{Entry, LogId, Vote};
+
+use super::segments::{self, Kind, ENTRY_HEAD, SEGMENT_BYTES};
+
+/// Files written since the last sync; the flusher takes and syncs them.
+#[derive(Default)]
+pub(crate) struct Unsynced {
+    pub files: Vec<Arc<File>>,
+    /// A segment was created or deleted: the directory itself must be synced.
+    pub dir: bool,
+}
+
+impl Unsynced {
+    fn add(&mut self, file: &Arc<File>) {
+        if !self.files.iter().any(|f| Arc::ptr_eq(f, file)) {
+            self.files.push(file.clone());
+        }
+    }
+}
+
+/// Where one entry's record is.
+#[derive(Clone, Copy)]
+struct Loc {
+    seq: u64,
+    offset: u64,
+    /// The whole record, header included.
+    len: u32,
+    log_id: LogId,
+}
+
+struct Segment {
+    path: PathBuf,
+    file: Arc<File>,
+    /// The highest entry index written to this segment, if any.
+    max_index: Option<u64>,
+}
+
+/// The log as recovered and kept up to date by every write.
+#[derive(Default)]
+struct Log {
+    entries: BTreeMap<u64, Loc>,
+    purged: Option<LogId>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+    segments: BTreeMap<u64, Segment>,
+    /// Sequence number and length of the segment being written.
+    active: u64,
+    active_len: u64,
+    /// A write failed part way; the file's tail is unknown, so nothing more may be written.
+    failed: Option<String>,
+}
+
+impl Log {
+    fn last(&self) -> Option<LogId> {
+        self.entries.last_key_value().map(|(_, l)| l.log_id)
+    }
+
+    /// The index the next entry must have, if the log has any position yet.
+    fn next_index(&self) -> Option<u64> {
+        let last = self.last().map(|l| l.index);
+        let purged = self.purged.map(|p| p.index);
+        last.max(purged).map(|i| i + 1)
+    }
+
+    fn purge(&mut self, to: LogId) {
+        if self.purged.is_none_or(|p| p < to) {
+            self.purged = Some(to);
+        }
+        self.entries = self.entries.split_off(&(to.index + 1));
+    }
+
+    fn truncate(&mut self, from: u64) {
+        self.entries.split_off(&from);
+    }
+
+    /// Replays one record read back at open.
+    fn replay(&mut self, seq: u64, offset: u64, kind: Kind, payload: &[u8]) -> Result<(), String> {
+        let decode_err = |e: codec::CodecError| e.to_string();
+        match kind {
+            Kind::Entry => {
+                let log_id = segments::entry_log_id(payload)
+                    .ok_or_else(|| "an entry record too short for its log id".to_string())?;
+                // With entries left, the next must follow the last. With none, older segments
+                // may have been deleted after a purge recorded further on: the gap is checked
+                // once every record is read ([`Log::check_start`]).
+                match (self.last(), self.next_index()) {
+                    (Some(_), Some(next)) if log_id.index != next => {
+                        return Err(format!(
+                            "entry {} follows the log's end; expected entry {next}",
+                            log_id.index
+                        ));
+                    }
+                    (None, Some(next)) if log_id.index < next => {
+                        return Err(format!(
+                            "entry {} is at or before the purge point; expected entry {next} or later",
+                            log_id.index
+                        ));
+                    }
+                    _ => {}
+                }
+                let len = (segments::RECORD_HEADER + 1 + payload.len()) as u32;
+                self.entries.insert(
+                    log_id.index,
+                    Loc {
+                        seq,
+                        offset,
+                        len,
+                        log_id,
+                    },
+                );
+                if let Some(s) = self.segments.get_mut(&seq) {
+                    s.max_index = Some(log_id.index);
+                }
+            }
+            Kind::Vote => self.vote = Some(codec::decode("vote", payload).map_err(decode_err)?),
+            Kind::Committed => {
+                self.committed = codec::decode("committed id", payload).map_err(decode_err)?
+            }
+            Kind::Purged => self.purge(codec::decode("purge point", payload).map_err(decode_err)?),
+            Kind::Truncated => {
+                let bytes: [u8; 8] = payload
+                    .try_into()
+                    .map_err(|_| "a truncation record of the wrong size".to_string())?;
+                self.truncate(u64::from_le_bytes(bytes));
+            }
+        }
+        Ok(())
+    }
+
+    /// After recovery: the first entry left must follow the purge point.
+    fn check_start(&self) -> Result<(), String> {
+        match (self.purged, self.entries.first_key_value()) {
+            (Some(p), Some((&first, _))) if first != p.index + 1 => Err(format!(
+                "the log was purged up to entry {} but its first entry is {first}: entries are missing",
+                p.index
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records restating the vote, committed id and purge point: the start of a new segment.
+    fn restatement(&self) -> Result<Vec<u8>, codec::CodecError> {
+        let mut out = Vec::new();
+        if let Some(v) = &self.vote {
+            segments::put_record(&mut out, Kind::Vote, &[&codec::encode("vote", v)?]);
+        }
+        if self.committed.is_some() {
+            let c = codec::encode("committed id", &self.committed)?;
+            segments::put_record(&mut out, Kind::Committed, &[&c]);
+        }
+        if let Some(p) = &self.purged {
+            segments::put_record(&mut out, Kind::Purged, &[&codec::encode("purge point", p)?]);
+        }
+        Ok(out)
+    }
+}
+
+/// The log files of one replica.
+pub(crate) struct Wal {
+    dir: PathBuf,
+    /// A segment this long is closed ([`SEGMENT_BYTES`] but in tests).
+    segment_bytes: u64,
+    log: Mutex<Log>,
+    unsynced: Arc<Mutex<Unsynced>>,
+}
+
+/// What [`Wal::open`] found.
+pub(crate) struct Recovered {
+    /// A torn tail was cut off the newest segment: (file, what was wrong).
+    pub torn_tail: Option<(PathBuf, String)>,
+}
+
+fn open_rw(path: &Path, create: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .open(path)
+}
+
+impl Wal {
+    /// Opens the log in `dir` (which must exist), recovering it from its segments.
+    pub(crate) fn open(dir: &Path) -> Result<(Self, Recovered), String> {
+        Self::open_with(dir, SEGMENT_BYTES)
+    }
+
+    fn open_with(dir: &Path, segment_bytes: u64) -> Result<(Self, Recovered), String> {
+        let io_err =
+            |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
+        let found = segments::list(dir).map_err(|e| io_err("cannot list", dir, e))?;
+        let mut log = Log::default();
+        let mut torn_tail = None;
+        let newest = found.last().map(|(seq, _)| *seq);
+        for (seq, path) in &found {
+            let file = open_rw(path, false).map_err(|e| io_err("cannot open", path, e))?;
+            log.segments.insert(
+                *seq,
+                Segment {
+                    path: path.clone(),
+                    file: Arc::new(file),
+                    max_index: None,
+                },
+            );
+            let end = segments::scan(path, |offset, kind, payload| {
+                log.replay(*seq, offset, kind, payload)
+            })
+            .map_err(|e| io_err("cannot read", path, e))?
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+            if let Some(damage) = end.damage {
+                if Some(*seq) != newest {
+                    return Err(format!("{}: {damage}", path.display()));
+                }
+                // A write torn by a crash: cut it off so that nothing after it can be mistaken
+                // for a record later.
+                let file = &log.segments[seq].file;
+                file.set_len(end.valid_len)
+                    .and_then(|_| file.sync_all())
+                    .map_err(|e| io_err("cannot cut the torn tail of", path, e))?;
+                torn_tail = Some((path.clone(), damage));
+            }
+            log.active = *seq;
+            log.active_len = end.valid_len;
+        }
+        log.check_start()?;
+        let wal = Self {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            log: Mutex::new(log),
+            unsynced: Arc::default(),
+        };
+        if found.is_empty() {
+            let mut log = wal.lock();
+            wal.start_segment(&mut log, 1)
+                .map_err(|e| io_err("cannot create a segment in", dir, e))?;
+        }
+        Ok((wal, Recovered { torn_tail }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        // Every update of the log leaves it consistent before it can fail, so a panic elsewhere
+        // while the lock was held does not make it unusable.
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What the flusher must sync.
+    pub(crate) fn unsynced(&self) -> Arc<Mutex<Unsynced>> {
+        self.unsynced.clone()
+    }
+
+    /// Creates segment `seq`, empty, and makes it the one written.
+    fn start_segment(&self, log: &mut Log, seq: u64) -> io::Result<()> {
+        let path = self.dir.join(segments::file_name(seq));
+        let file = Arc::new(open_rw(&path, true)?);
+        log.segments.insert(
+            seq,
+            Segment {
+                path,
+                file,
+                max_index: None,
+            },
+        );
+        log.active = seq;
+        log.active_len = 0;
+        self.unsynced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .dir = true;
+        Ok(())
+    }
+
+    /// Appends `records` to the newest segment (starting a new one first if it is full) and marks
+    /// the file unsynced. Returns the segment and the offset the records start at.
+    fn write(&self, log: &mut Log, records: &[u8]) -> io::Result<(u64, u64)> {
+        if let Some(e) = &log.failed {
+            return Err(io::Error::other(format!(
+                "an earlier log write failed ({e}); no more writes"
+            )));
+        }
+        let result = (|| -> io::Result<(u64, u64)> {
+            if log.active_len >= self.segment_bytes {
+                let restated = log.restatement().map_err(io::Error::other)?;
+                self.start_segment(log, log.active + 1)?;
+                self.write_at_end(log, &restated)?;
+            }
+            let at = log.active_len;
+            self.write_at_end(log, records)?;
+            Ok((log.active, at))
+        })();
+        if let Err(e) = &result {
+            log.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn write_at_end(&self, log: &mut Log, bytes: &[u8]) -> io::Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let segment = log
+            .segments
+            .get(&log.active)
+            .ok_or_else(|| io::Error::other("the active segment is missing"))?;
+        segment.file.write_all_at(bytes, log.active_len)?;
+        self.unsynced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(&segment.file);
+        log.active_len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Appends encoded entries (log id, bincode bytes), in index order.
+    pub(crate) fn append(&self, entries: &[(LogId, Vec<u8>)]) -> io::Result<()> {
+        let mut records = Vec::with_capacity(
+            entries
+                .iter()
+                .map(|(_, b)| b.len() + segments::RECORD_HEADER + 1 + ENTRY_HEAD)
+                .sum(),
+        );
+        let mut spans = Vec::with_capacity(entries.len());
+        for (log_id, bytes) in entries {
+            let start = records.len();
+            segments::put_entry(&mut records, log_id, bytes);
+            spans.push((*log_id, start as u64, (records.len() - start) as u32));
+        }
+        let mut log = self.lock();
+        let (seq, at) = self.write(&mut log, &records)?;
+        for (log_id, start, len) in spans {
+            log.entries.insert(
+                log_id.index,
+                Loc {
+                    seq,
+                    offset: at + start,
+                    len,
+                    log_id,
+                },
+            );
+        }
+        if let (Some((log_id, _)), Some(segment)) = (entries.last(), log.segments.get_mut(&seq)) {
+            segment.max_index = Some(log_id.index);
+        }
+        Ok(())
+    }
+
+    fn write_record(
+        &self,
+        kind: Kind,
+        payload: &[u8],
+        update: impl FnOnce(&mut Log),
+    ) -> io::Result<()> {
+        let mut record = Vec::new();
+        segments::put_record(&mut record, kind, &[payload]);
+        let mut log = self.lock();
+        self.write(&mut log, &record)?;
+        update(&mut log);
+        Ok(())
+    }
+
+    pub(crate) fn save_vote(&self, vote: &Vote) -> io::Result<()> {
+        let bytes = codec::encode("vote", vote).map_err(io::Error::other)?;
+        self.write_record(Kind::Vote, &bytes, |log| log.vote = Some(*vote))
+    }
+
+    pub(crate) fn save_committed(&self, committed: Option<LogId>) -> io::Result<()> {
+        let bytes = codec::encode("committed id", &committed).map_err(io::Error::other)?;
+        self.write_record(Kind::Committed, &bytes, |log| log.committed = committed)
+    }
+
+    /// Removes entries from `from` on.
+    pub(crate) fn truncate(&self, from: u64) -> io::Result<()> {
+        self.write_record(Kind::Truncated, &from.to_le_bytes(), |log| {
+            log.truncate(from)
+        })
+    }
+
+    /// Records the purge point and drops the entries up to it from the index. The segments
+    /// holding them stay until [`Self::delete_purged_segments`], which must wait for a sync.
+    pub(crate) fn purge(&self, to: LogId) -> io::Result<()> {
+        let bytes = codec::encode("purge point", &to).map_err(io::Error::other)?;
+        self.write_record(Kind::Purged, &bytes, |log| log.purge(to))
+    }
+
+    /// Deletes the oldest segments whose entries are all purged. Call only once the purge record
+    /// is durable: until then a crash would bring back a log that needs those entries.
+    pub(crate) fn delete_purged_segments(&self) -> io::Result<usize> {
+        let doomed: Vec<PathBuf> = {
+            let mut log = self.lock();
+            let purged = log.purged.map(|p| p.index);
+            let seqs: Vec<u64> = log
+                .segments
+                .iter()
+                .take_while(|(seq, s)| {
+                    **seq != log.active
+                        && s.max_index.is_none_or(|m| purged.is_some_and(|p| m <= p))
+                })
+                .map(|(seq, _)| *seq)
+                .collect();
+            seqs.iter()
+                .filter_map(|seq| log.segments.remove(seq))
+                .map(|s| s.path)
+                .collect()
+        };
+        for path in &doomed {
+            std::fs::remove_file(path)?;
+        }
+        if !doomed.is_empty() {
+            self.unsynced
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .dir = true;
+        }
+        Ok(doomed.len())
+    }
+
+    pub(crate) fn vote(&self) -> Option<Vote> {
+        self.lock().vote
+    }
+
+    pub(crate) fn committed(&self) -> Option<LogId> {
+        self.lock().committed
+    }
+
+    /// (last purged, last) log ids; `last` falls back to the purge point when no entry is left.
+    pub(crate) fn bounds(&self) -> (Option<LogId>, Option<LogId>) {
+        let log = self.lock();
+        let last = log.last();
+        (log.purged, last.max(log.purged))
+    }
+
+    /// Number of segment files.
+    pub(crate) fn segment_count(&self) -> usize {
+        self.lock().segments.len()
+    }
+
+    /// Reads the entries in `range`, stopping before the byte budget would be exceeded (but
+    /// always returning at least one entry when the range has one).
+    pub(crate) fn read<RB: RangeBounds<u64>>(
+        &self,
+        range: RB,
+        byte_budget: Option<usize>,
+    ) -> Result<Vec<Entry>, (u64, String)> {
+        let locs: Vec<(Arc<File>, Loc)> = {
+            let log = self.lock();
+            let start = match range.start_bound() {
+                Bound::Included(i) => Bound::Included(*i),
+                Bound::Excluded(i) => Bound::Excluded(*i),
+                Bound::Unbounded => Bound::Unbounded,
+            };
+            let end = match range.end_bound() {
+                Bound::Included(i) => Bound::Included(*i),
+                Bound::Excluded(i) => Bound::Excluded(*i),
+                Bound::Unbounded => Bound::Unbounded,
+            };
+            if matches!((start, end), (Bound::Included(s), Bound::Excluded(e)) if s >= e) {
+                return Ok(Vec::new());
+            }
+            let mut bytes = 0usize;
+            let mut out = Vec::new();
+            for loc in log.entries.range((start, end)).map(|(_, l)| *l) {
+                if byte_budget.is_some_and(|b| !out.is_empty() && bytes + loc.len as usize > b) {
+                    break;
+                }
+                bytes += loc.len as usize;
+                let Some(segment) = log.segments.get(&loc.seq) else {
+                    return Err((loc.log_id.index, "its segment is gone".into()));
+                };
+                out.push((segment.file.clone(), loc));
+            }
+            out
+        };
+        read_entries(&locs)
+    }
+}
+
+/// Reads the records at `locs`, one read per run of adjacent records in one file.
+fn read_entries(locs: &[(Arc<File>, Loc)]) -> Result<Vec<Entry>, (u64, String)> {
+    let mut out = Vec::with_capacity(locs.len());
+    let mut i = 0;
+    let mut buf = Vec::new();
+    while i < locs.len() {
+        let (file, first) = &locs[i];
+        let mut j = i + 1;
+        let mut end = first.offset + first.len as u64;
+        while j < locs.len() && locs[j].1.seq == first.seq && locs[j].1.offset == end {
+            end += locs[j].1.len as u64;
+            j += 1;
+        }
+        buf.resize((end - first.offset) as usize, 0);
+        file.read_exact_at(&mut buf, first.offset)
+            .map_err(|e| (first.log_id.index, format!("cannot read it: {e}")))?;
+        for (_, loc) in &locs[i..j] {
+            let at = (loc.offset - first.offset) as usize;
+            let record = &buf[at..at + loc.len as usize];
+            let index = loc.log_id.index;
+            let (kind, payload) = segments::check_record(record).map_err(|e| (index, e))?;
+            if kind != Kind::Entry || payload.len() < ENTRY_HEAD {
+                return Err((index, "the record there is not an entry".into()));
+            }
+            let entry: Entry = codec::decode("log entry", &payload[ENTRY_HEAD..])
+                .map_err(|e| (index, e.to_string()))?;
+            out.push(entry);
+        }
+        i = j;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[path = "wal_tests.rs"]
+mod tests;

@@ -1,0 +1,155 @@
+//! The log files on their own: what is written comes back after a reopen, segments roll over and
+//! are deleted once purged, a torn tail is cut, and damage anywhere else is refused.
+
+use super::*;
+use openraft::{CommittedLeaderId, EntryPayload};
+
+fn id(term: u64, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn entries(term: u64, indexes: std::ops::Range<u64>) -> Vec<(LogId, Vec<u8>)> {
+    indexes
+        .map(|i| {
+            let entry = Entry {
+                log_id: id(term, i),
+                payload: EntryPayload::Blank,
+            };
+            (
+                entry.log_id,
+                codec::encode("entry", &entry).expect("encode"),
+            )
+        })
+        .collect()
+}
+
+/// (index, term) of every entry left.
+fn contents(wal: &Wal) -> Vec<(u64, u64)> {
+    wal.read(.., None)
+        .expect("read")
+        .iter()
+        .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+        .collect()
+}
+
+fn open(dir: &Path, segment_bytes: u64) -> Wal {
+    Wal::open_with(dir, segment_bytes).expect("open").0
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    segments::list(dir)
+        .expect("list")
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+#[test]
+fn everything_written_comes_back_after_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = open(dir.path(), 1 << 20);
+        wal.append(&entries(1, 0..10)).expect("append");
+        wal.save_vote(&Vote::new(2, 1)).expect("vote");
+        wal.truncate(7).expect("truncate");
+        wal.append(&entries(2, 7..12)).expect("append");
+        wal.save_committed(Some(id(2, 9))).expect("committed");
+        wal.purge(id(1, 3)).expect("purge");
+        assert_eq!(wal.read(0..12, Some(1)).expect("read").len(), 1);
+    }
+    let wal = open(dir.path(), 1 << 20);
+    assert_eq!(wal.bounds(), (Some(id(1, 3)), Some(id(2, 11))));
+    let mut expected: Vec<(u64, u64)> = (4..7).map(|i| (i, 1)).collect();
+    expected.extend((7..12).map(|i| (i, 2)));
+    assert_eq!(contents(&wal), expected);
+    assert_eq!(wal.vote(), Some(Vote::new(2, 1)));
+    assert_eq!(wal.committed(), Some(id(2, 9)));
+    assert!(wal.read(0..4, None).expect("read").is_empty());
+
+    wal.append(&entries(2, 12..13))
+        .expect("append after reopen");
+    drop(wal);
+    assert_eq!(open(dir.path(), 1 << 20).bounds().1, Some(id(2, 12)));
+}
+
+#[test]
+fn full_segments_roll_over_and_purged_ones_go_without_losing_the_vote() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = open(dir.path(), 1024);
+        // The vote is written once, into the first segment, which the purge below deletes.
+        wal.save_vote(&Vote::new(5, 2)).expect("vote");
+        for i in 0..200 {
+            wal.append(&entries(5, i..i + 1)).expect("append");
+        }
+        let before = wal.segment_count();
+        assert!(before > 5, "200 entries made only {before} segments");
+        assert_eq!(segment_files(dir.path()).len(), before);
+        wal.purge(id(5, 150)).expect("purge");
+        let deleted = wal.delete_purged_segments().expect("delete");
+        assert!(
+            deleted > 0 && deleted < before,
+            "deleted {deleted} of {before}"
+        );
+        assert_eq!(segment_files(dir.path()).len(), before - deleted);
+        // Nothing unpurged went with them.
+        assert_eq!(contents(&wal).len(), 49);
+    }
+    let wal = open(dir.path(), 1024);
+    assert_eq!(wal.vote(), Some(Vote::new(5, 2)));
+    assert_eq!(wal.bounds(), (Some(id(5, 150)), Some(id(5, 199))));
+    assert_eq!(
+        contents(&wal),
+        (151..200).map(|i| (i, 5)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_damage_elsewhere_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = open(dir.path(), 1024);
+        for i in 0..40 {
+            wal.append(&entries(1, i..i + 1)).expect("append");
+        }
+    }
+    let files = segment_files(dir.path());
+    assert!(files.len() >= 2);
+    let newest = files.last().expect("newest");
+    let bytes = std::fs::read(newest).expect("read");
+    std::fs::write(newest, &bytes[..bytes.len() - 3]).expect("tear the last record");
+    {
+        let (wal, recovered) = Wal::open_with(dir.path(), 1024).expect("open after a torn write");
+        assert!(recovered.torn_tail.is_some());
+        assert_eq!(wal.bounds().1, Some(id(1, 38)));
+        wal.append(&entries(2, 39..40))
+            .expect("append over the torn tail");
+    }
+    let wal = open(dir.path(), 1024);
+    assert_eq!(wal.bounds().1, Some(id(2, 39)));
+    assert_eq!(contents(&wal).len(), 40);
+    drop(wal);
+
+    let oldest = &files[0];
+    let mut bytes = std::fs::read(oldest).expect("read");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(oldest, &bytes).expect("damage an older segment");
+    let err = Wal::open_with(dir.path(), 1024).err().expect("refused");
+    assert!(
+        err.contains(&oldest.display().to_string()),
+        "the error does not name the file: {err}"
+    );
+}
+
+#[test]
+fn entries_out_of_order_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut bytes = Vec::new();
+    for (log_id, encoded) in entries(1, 0..2).iter().chain(&entries(1, 3..4)) {
+        segments::put_entry(&mut bytes, log_id, encoded);
+    }
+    std::fs::write(dir.path().join(segments::file_name(1)), &bytes).expect("write");
+    let err = Wal::open_with(dir.path(), 1024).err().expect("refused");
+    assert!(err.contains("expected entry 2"), "{err}");
+}
