@@ -9,6 +9,8 @@
 //!   change.
 //! - [`xla_proxy`]: coord-proxy's service, which lets unmodified jaxlib clients use the ensemble
 //!   and survive its failovers.
+//! - [`rendezvous`]: TensorFlow's RendezvousMgr (seed 001) over direct worker links, with peer
+//!   heartbeats on the same links.
 //! - [`data`]: the tf.data data plane: the data worker and the consumer of the dispatcher's jobs.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
@@ -19,6 +21,7 @@ pub mod blocking;
 pub mod client;
 pub mod data;
 pub mod preemption;
+pub mod rendezvous;
 pub mod watch;
 pub mod xla_proxy;
 

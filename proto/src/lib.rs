@@ -9,6 +9,7 @@
 //! - [`coord::coordination`]: error polling and task states, beside the TF service.
 //! - [`coord::kv`]: atomic increment and key watches.
 //! - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
+//! - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
 //! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
@@ -47,6 +48,9 @@ pub mod coord {
     }
     pub mod dispatcher {
         tonic::include_proto!("coord.dispatcher");
+    }
+    pub mod link {
+        tonic::include_proto!("coord.link");
     }
 }
 

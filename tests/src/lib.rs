@@ -13,6 +13,7 @@
 //! - [`demo`]: `coord-demo`, a training job that survives the preemption of its chief (and the
 //!   multi-process preemption scenarios).
 //! - [`jax`]: the real jaxlib client in a venv, its test scripts, and coord-proxy sidecars.
+//! - [`link`]: `link-worker` processes for the rendezvous tests and benchmark.
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
 //! - [`bench`]: coord-bench's load generators, failover measurement, and its targets (coord and
 //!   etcd 3.4).
@@ -27,6 +28,7 @@ pub mod data;
 pub mod demo;
 pub mod http;
 pub mod jax;
+pub mod link;
 pub mod tfdata;
 pub mod venv;
 

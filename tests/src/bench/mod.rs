@@ -8,6 +8,7 @@ pub mod dispatcher;
 pub mod etcd;
 pub mod failover;
 pub mod load;
+pub mod rendezvous;
 pub mod tasks;
 
 use std::future::Future;

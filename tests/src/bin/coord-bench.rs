@@ -46,6 +46,9 @@ enum Cmd {
     /// The replicated tf.data dispatcher against TensorFlow's own: GetSplit throughput under
     /// DYNAMIC sharding and restore time after a full restart.
     Dispatcher(DispatcherArgs),
+    /// Rendezvous tensors worker → worker over the direct links, against iperf3 on loopback;
+    /// peer-death detection time.
+    Rendezvous(coord_tests::bench::rendezvous::Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -244,6 +247,12 @@ async fn main() {
                 no_e2e: a.no_e2e,
             };
             if let Err(e) = coord_tests::bench::dispatcher::run(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Rendezvous(args) => {
+            if let Err(e) = coord_tests::bench::rendezvous::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

@@ -1,0 +1,367 @@
+//! The worker link: the gRPC service a worker runs for its peers, and [`Links`], its client side.
+//!
+//! A receiver pulls: `RecvTensor` waits on the producer until the tensor is sent, then streams a
+//! header and the bytes in [`CHUNK_BYTES`] chunks (slices of the producer's buffer). No message
+//! is ever larger than a chunk, so a tensor has no size ceiling (gRPC's is 4 GiB a message,
+//! tonic's default 4 MiB); message limits and HTTP/2 windows are set for this traffic rather than
+//! left at tonic's defaults (4 MiB messages, 64 KiB windows).
+//!
+//! Workers find each other in the coordination key-value store: each publishes its link address
+//! under `coord/links/<task>` ([`publish`]); [`Links::with_kv`] looks them up.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use coord_proto::coord::link::worker_link_client::WorkerLinkClient;
+use coord_proto::coord::link::worker_link_server::{WorkerLink, WorkerLinkServer};
+use coord_proto::coord::link::{
+    PeerHeartbeatRequest, PeerHeartbeatResponse, RecvTensorRequest, TensorChunk, TensorHeader,
+};
+use futures::Stream;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::{DType, ParsedKey, Received, RendezvousError, RendezvousMgr, Tensor};
+use crate::client::CoordClient;
+
+/// Bytes of tensor data per streamed message. A tensor up to this size crosses as one message,
+/// which tonic decodes into one buffer that becomes the received tensor's bytes (no copy to
+/// assemble it); a larger one comes in chunks of this size, assembled at the receiver.
+pub const CHUNK_BYTES: usize = 4 << 20;
+/// The largest message either side accepts: a chunk and its framing.
+const MAX_MESSAGE: usize = CHUNK_BYTES + (64 << 10);
+/// HTTP/2 flow-control windows: large enough that a loopback stream is never window-bound.
+const STREAM_WINDOW: u32 = 16 << 20;
+const CONNECTION_WINDOW: u32 = 64 << 20;
+/// The largest HTTP/2 frame either side accepts: a chunk crosses in one or two frames, not 256 of
+/// the default 16 KiB.
+const MAX_FRAME: u32 = 4 << 20;
+/// How long a lookup waits for a peer to publish its address.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The key under which `task` publishes its link address.
+pub fn address_key(task: &str) -> String {
+    format!("coord/links/{}", task.trim_start_matches('/'))
+}
+
+/// Publishes this worker's link address (overwriting a previous incarnation's).
+pub async fn publish(client: &CoordClient, task: &str, address: &str) -> Result<(), Status> {
+    client
+        .insert(&address_key(task), address.to_string(), true)
+        .await
+}
+
+/// The link service of one worker.
+#[derive(Clone)]
+pub struct LinkService {
+    mgr: RendezvousMgr,
+    task: String,
+    incarnation: u64,
+}
+
+impl LinkService {
+    /// `task` is this worker's task name; `incarnation` identifies this process (a random number
+    /// drawn at start), so that peers notice a restart.
+    pub fn new(mgr: RendezvousMgr, task: impl Into<String>, incarnation: u64) -> Self {
+        Self {
+            mgr,
+            task: task.into(),
+            incarnation,
+        }
+    }
+
+    /// The tonic service, with this link's message limits.
+    pub fn into_server(self) -> WorkerLinkServer<Self> {
+        WorkerLinkServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// A server builder with this link's HTTP/2 settings.
+    pub fn server_builder() -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .max_frame_size(Some(MAX_FRAME))
+            .tcp_nodelay(true)
+    }
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
+
+/// The chunks of one tensor: the header first (with the first slice of data), then the rest.
+fn chunks(received: Received) -> impl Iterator<Item = Result<TensorChunk, Status>> {
+    let data = received.tensor.data().clone();
+    let header = TensorHeader {
+        dtype: received.tensor.dtype().name().to_string(),
+        shape: received.tensor.shape().to_vec(),
+        total_bytes: data.len() as u64,
+        is_dead: received.is_dead,
+    };
+    let n = data.len().div_ceil(CHUNK_BYTES).max(1);
+    (0..n).map(move |i| {
+        let start = i * CHUNK_BYTES;
+        let end = (start + CHUNK_BYTES).min(data.len());
+        Ok(TensorChunk {
+            header: (i == 0).then(|| header.clone()),
+            data: data.slice(start..end),
+        })
+    })
+}
+
+#[tonic::async_trait]
+impl WorkerLink for LinkService {
+    type RecvTensorStream = ChunkStream;
+
+    async fn recv_tensor(
+        &self,
+        request: Request<RecvTensorRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        let r = request.into_inner();
+        let key = ParsedKey::parse(&r.key).map_err(Status::invalid_argument)?;
+        let producer = key.src.task_name();
+        if producer != self.task {
+            return Err(Status::invalid_argument(format!(
+                "key {key} is produced by {producer}, but this link is {}",
+                self.task
+            )));
+        }
+        let received = self.mgr.recv_local(r.step_id, &key).await?;
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks(
+            received,
+        )))))
+    }
+
+    async fn heartbeat(
+        &self,
+        _request: Request<PeerHeartbeatRequest>,
+    ) -> Result<Response<PeerHeartbeatResponse>, Status> {
+        Ok(Response::new(PeerHeartbeatResponse {
+            task: self.task.clone(),
+            incarnation: self.incarnation,
+        }))
+    }
+}
+
+/// Finds a task's link address.
+pub type Directory = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<String, RendezvousError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A worker's connections to its peers, and which of them are known dead.
+#[derive(Clone)]
+pub struct Links {
+    inner: Arc<LinksInner>,
+}
+
+struct LinksInner {
+    directory: Directory,
+    clients: Mutex<HashMap<String, WorkerLinkClient<Channel>>>,
+    dead: watch::Sender<HashMap<String, RendezvousError>>,
+}
+
+impl Links {
+    pub fn new(directory: Directory) -> Self {
+        Self {
+            inner: Arc::new(LinksInner {
+                directory,
+                clients: Mutex::default(),
+                dead: watch::Sender::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Links whose addresses come from the coordination key-value store.
+    pub fn with_kv(client: CoordClient) -> Self {
+        Self::new(Arc::new(move |task: String| {
+            let client = client.clone();
+            Box::pin(async move {
+                let key = address_key(&task);
+                let value = tokio::time::timeout(LOOKUP_TIMEOUT, client.get(&key))
+                    .await
+                    .map_err(|_| {
+                        RendezvousError::unavailable(format!(
+                            "{task} did not publish its link address ({key}) within {LOOKUP_TIMEOUT:?}"
+                        ))
+                    })??;
+                String::from_utf8(value.to_vec()).map_err(|_| {
+                    RendezvousError::invalid(format!("the link address of {task} is not UTF-8"))
+                })
+            })
+        }))
+    }
+
+    /// The client of `task`'s link, resolving its address on first use.
+    async fn client(&self, task: &str) -> Result<WorkerLinkClient<Channel>, RendezvousError> {
+        if let Some(c) = self.lock_clients().get(task) {
+            return Ok(c.clone());
+        }
+        let address = (self.inner.directory)(task.to_string()).await?;
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| {
+                RendezvousError::invalid(format!("bad link address {address:?} of {task}: {e}"))
+            })?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .max_frame_size(Some(MAX_FRAME))
+            .connect_lazy();
+        let client = WorkerLinkClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        self.lock_clients().insert(task.to_string(), client.clone());
+        Ok(client)
+    }
+
+    fn lock_clients(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, WorkerLinkClient<Channel>>> {
+        self.inner
+            .clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Pulls tensor `key` of `step_id` from its producer `task`.
+    pub async fn fetch(
+        &self,
+        task: &str,
+        step_id: i64,
+        key: &ParsedKey,
+        receiver: &str,
+    ) -> Result<Received, RendezvousError> {
+        let mut client = self.client(task).await?;
+        let failed = |s: Status| {
+            RendezvousError::new(
+                s.code(),
+                format!("receiving {key} from {task}: {}", s.message()),
+            )
+        };
+        let mut stream = client
+            .recv_tensor(RecvTensorRequest {
+                step_id,
+                key: key.as_str().to_string(),
+                receiver: receiver.to_string(),
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+        let first = stream
+            .message()
+            .await
+            .map_err(failed)?
+            .ok_or_else(|| failed(Status::data_loss("the stream ended before the header")))?;
+        let header = first
+            .header
+            .ok_or_else(|| failed(Status::data_loss("the first chunk has no header")))?;
+        let dtype = DType::from_name(&header.dtype).ok_or_else(|| {
+            failed(Status::invalid_argument(format!(
+                "unknown dtype {:?}",
+                header.dtype
+            )))
+        })?;
+        let expected = super::tensor::byte_len(dtype, &header.shape)
+            .map_err(|e| failed(Status::invalid_argument(e)))?;
+        if expected != header.total_bytes {
+            return Err(failed(Status::data_loss(format!(
+                "the header announces {} bytes for shape {:?}, which holds {expected}",
+                header.total_bytes, header.shape
+            ))));
+        }
+        let too_many = || failed(Status::data_loss("more bytes than the header announced"));
+        let mut second = match stream.message().await.map_err(failed)? {
+            // One chunk: its buffer is the tensor's.
+            None => {
+                let tensor = Tensor::new(dtype, header.shape, first.data)
+                    .map_err(|e| failed(Status::data_loss(e)))?;
+                return Ok(Received {
+                    tensor,
+                    is_dead: header.is_dead,
+                });
+            }
+            Some(next) => Some(next.data),
+        };
+        // Several chunks: assembled into a buffer grown as data arrives, so that a lying header
+        // cannot make this worker allocate up front.
+        let mut data = BytesMut::with_capacity((expected as usize).min(CHUNK_BYTES * 2));
+        if first.data.len() as u64 > expected {
+            return Err(too_many());
+        }
+        data.extend_from_slice(&first.data);
+        while let Some(chunk) = second.take() {
+            if (data.len() + chunk.len()) as u64 > expected {
+                return Err(too_many());
+            }
+            data.extend_from_slice(&chunk);
+            second = stream.message().await.map_err(failed)?.map(|c| c.data);
+        }
+        let tensor = Tensor::new(dtype, header.shape, data.freeze())
+            .map_err(|e| failed(Status::data_loss(e)))?;
+        Ok(Received {
+            tensor,
+            is_dead: header.is_dead,
+        })
+    }
+
+    /// Asks `task` whether it is alive: its task name and incarnation.
+    pub async fn heartbeat(
+        &self,
+        task: &str,
+        from: &str,
+        timeout: Duration,
+    ) -> Result<u64, RendezvousError> {
+        let mut client = self.client(task).await?;
+        let mut request = Request::new(PeerHeartbeatRequest {
+            from_task: from.to_string(),
+        });
+        request.set_timeout(timeout);
+        let reply = tokio::time::timeout(timeout, client.heartbeat(request))
+            .await
+            .map_err(|_| {
+                RendezvousError::unavailable(format!("{task} did not answer within {timeout:?}"))
+            })?
+            .map_err(|s| RendezvousError::new(s.code(), format!("{task}: {}", s.message())))?
+            .into_inner();
+        if reply.task != task {
+            return Err(RendezvousError::invalid(format!(
+                "the link published for {task} is {}'s",
+                reply.task
+            )));
+        }
+        Ok(reply.incarnation)
+    }
+
+    /// Marks `task` dead: every receive waiting on it, now or later, fails with `error`.
+    pub fn declare_dead(&self, task: &str, error: RendezvousError) {
+        self.inner.dead.send_modify(|d| {
+            d.entry(task.to_string()).or_insert(error);
+        });
+    }
+
+    /// Why `task` was declared dead, if it was.
+    pub fn dead(&self, task: &str) -> Option<RendezvousError> {
+        self.inner.dead.borrow().get(task).cloned()
+    }
+
+    /// Resolves once `task` is declared dead, with the reason.
+    pub async fn wait_dead(&self, task: &str) -> RendezvousError {
+        let mut rx = self.inner.dead.subscribe();
+        let found = rx
+            .wait_for(|d| d.contains_key(task))
+            .await
+            .map(|d| d.get(task).cloned());
+        match found {
+            Ok(e) => e.unwrap_or_else(|| RendezvousError::unavailable(format!("{task} is dead"))),
+            // The sender lives as long as `self`; this branch is never taken while it waits.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The rendezvous in one process: local sends and receives in both orders, abort, cleanup, and a
+//! remote receive over a real loopback link between two managers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::link::{Directory, LinkService, Links};
+use super::*;
+
+const W1: &str = "/job:worker/replica:0/task:1";
+const W2: &str = "/job:worker/replica:0/task:2";
+
+fn key(src_task: &str, dst_task: &str, name: &str) -> ParsedKey {
+    ParsedKey::parse(&format!(
+        "{src_task}/device:CPU:0;0000000000000001;{dst_task}/device:CPU:0;{name};0:0"
+    ))
+    .expect("key")
+}
+
+fn tensor(n: usize, fill: u8) -> Tensor {
+    Tensor::new(DType::UInt8, vec![n as i64], Bytes::from(vec![fill; n])).expect("tensor")
+}
+
+fn no_links() -> Links {
+    Links::new(Arc::new(|task: String| {
+        Box::pin(async move { Err(RendezvousError::unavailable(format!("no link to {task}"))) })
+    }))
+}
+
+/// Links whose address lookups never finish: a remote receive waits.
+fn unresolved_links() -> Links {
+    Links::new(Arc::new(|_task: String| Box::pin(std::future::pending())))
+}
+
+fn session(task: &str, links: Links) -> WorkerSession {
+    WorkerSession {
+        task: task.to_string(),
+        links,
+    }
+}
+
+#[tokio::test]
+async fn local_send_then_recv_and_recv_then_send() {
+    let mgr = RendezvousMgr::new();
+    let r = mgr.find(7);
+    let k = key(W1, W1, "a");
+    // Send works before initialize and never blocks.
+    r.send(&k, tensor(4, 1), false).expect("send");
+    r.initialize(session(W1, no_links())).expect("initialize");
+    assert!(r.initialize(session(W1, no_links())).is_err());
+    let got = r.recv(&k).await.expect("recv");
+    assert_eq!(got.tensor, tensor(4, 1));
+    assert!(!got.is_dead);
+
+    // The buffer is handed over, not copied.
+    let t = tensor(1024, 2);
+    let ptr = t.data().as_ptr();
+    let pending = {
+        let r = r.clone();
+        let k = key(W1, W1, "b");
+        tokio::spawn(async move { r.recv(&k).await })
+    };
+    tokio::task::yield_now().await;
+    r.send(&key(W1, W1, "b"), t, true).expect("send");
+    let got = pending.await.expect("join").expect("recv");
+    assert!(got.is_dead);
+    assert_eq!(got.tensor.data().as_ptr(), ptr);
+
+    // The callback form, as the link's handler in TF uses it.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    mgr.recv_local_async(7, key(W1, W1, "d"), move |r| {
+        let _ = tx.send(r);
+    });
+    r.send(&key(W1, W1, "d"), tensor(2, 9), false)
+        .expect("send");
+    assert_eq!(rx.await.expect("done").expect("recv").tensor, tensor(2, 9));
+
+    // Two sends of one key are two receives, in order.
+    let k = key(W1, W1, "c");
+    r.send(&k, tensor(1, 1), false).expect("send");
+    r.send(&k, tensor(1, 2), false).expect("send");
+    assert_eq!(r.recv(&k).await.expect("first").tensor, tensor(1, 1));
+    assert_eq!(r.recv(&k).await.expect("second").tensor, tensor(1, 2));
+    assert_eq!(r.pending(), 0);
+}
+
+#[tokio::test]
+async fn abort_fails_waiting_and_later_calls() {
+    let mgr = RendezvousMgr::new();
+    let r = mgr.find(1);
+    r.initialize(session(W1, unresolved_links()))
+        .expect("initialize");
+    let waiting = {
+        let r = r.clone();
+        tokio::spawn(async move { r.recv(&key(W1, W1, "x")).await })
+    };
+    // A receive of a remote tensor waits too, and is failed by the abort as well.
+    let remote = {
+        let r = r.clone();
+        tokio::spawn(async move { r.recv(&key(W2, W1, "y")).await })
+    };
+    tokio::task::yield_now().await;
+    r.start_abort(RendezvousError::aborted("step failed: out of memory"));
+    r.start_abort(RendezvousError::aborted("a second abort is not reported"));
+    for h in [waiting, remote] {
+        let err = tokio::time::timeout(Duration::from_secs(5), h)
+            .await
+            .expect("prompt")
+            .expect("join")
+            .expect_err("aborted");
+        assert_eq!(err.code, tonic::Code::Aborted);
+        assert_eq!(err.message, "step failed: out of memory");
+    }
+    assert!(r.send(&key(W1, W1, "x"), tensor(1, 0), false).is_err());
+    assert!(r.recv(&key(W1, W1, "x")).await.is_err());
+}
+
+#[tokio::test]
+async fn cleanup_frees_every_step_and_refuses_late_requests() {
+    let mgr = RendezvousMgr::new();
+    for step in 0..10_000 {
+        let r = mgr.find(step);
+        r.initialize(session(W1, no_links())).expect("initialize");
+        let k = key(W1, W2, "t");
+        r.send(&k, tensor(64, step as u8), false).expect("send");
+        if step % 2 == 0 {
+            mgr.recv_local(step, &k).await.expect("recv");
+        }
+        mgr.cleanup(step);
+    }
+    assert_eq!(mgr.live_steps(), 0);
+    // A peer asking for a tensor of a cleaned-up step is told so, and the step is not re-made.
+    let err = mgr
+        .recv_local(9_999, &key(W1, W2, "t"))
+        .await
+        .expect_err("cleaned up");
+    assert!(err.message.contains("step 9999 was cleaned up"), "{err}");
+    assert_eq!(mgr.live_steps(), 0);
+
+    let waiting = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { mgr.recv_local(20_000, &key(W1, W2, "u")).await })
+    };
+    tokio::task::yield_now().await;
+    mgr.cleanup_all();
+    assert!(waiting.await.expect("join").is_err());
+    assert_eq!(mgr.live_steps(), 0);
+}
+
+/// Serves `mgr`'s link for `task` on a loopback port; returns the address.
+async fn serve(mgr: RendezvousMgr, task: &str, incarnation: u64) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    let service = LinkService::new(mgr, task, incarnation).into_server();
+    tokio::spawn(async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let _ = LinkService::server_builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    address
+}
+
+fn static_links(addresses: HashMap<String, String>) -> Links {
+    let addresses = Arc::new(addresses);
+    let directory: Directory = Arc::new(move |task: String| {
+        let found = addresses.get(&task).cloned();
+        Box::pin(async move {
+            found.ok_or_else(|| RendezvousError::unavailable(format!("no address for {task}")))
+        })
+    });
+    Links::new(directory)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tensor_crosses_a_loopback_link_in_chunks() {
+    let producer = RendezvousMgr::new();
+    let address = serve(producer.clone(), W1, 11).await;
+    let links = static_links(HashMap::from([(W1.to_string(), address.clone())]));
+    let consumer = RendezvousMgr::new();
+    let r = consumer.find(3);
+    r.initialize(session(W2, links.clone()))
+        .expect("initialize");
+
+    // Larger than several chunks and not a multiple of the chunk size.
+    let n = 2 * link::CHUNK_BYTES + 123;
+    let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    let sent = Tensor::new(DType::UInt8, vec![n as i64], Bytes::from(data)).expect("tensor");
+    let k = key(W1, W2, "big");
+    let receive = {
+        let r = r.clone();
+        let k = k.clone();
+        tokio::spawn(async move { r.recv(&k).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    producer
+        .find(3)
+        .send(&k, sent.clone(), false)
+        .expect("send");
+    let got = tokio::time::timeout(Duration::from_secs(30), receive)
+        .await
+        .expect("prompt")
+        .expect("join")
+        .expect("recv");
+    assert_eq!(got.tensor, sent);
+    assert_eq!(
+        links
+            .heartbeat(W1, W2, Duration::from_secs(5))
+            .await
+            .expect("heartbeat"),
+        11
+    );
+
+    // A key the link does not produce is refused, naming both tasks.
+    let err = links
+        .fetch(W1, 3, &key(W2, W1, "wrong"), W2)
+        .await
+        .expect_err("not produced there");
+    assert_eq!(err.code, tonic::Code::InvalidArgument);
+    assert!(
+        err.message.contains(W2) && err.message.contains(W1),
+        "{err}"
+    );
+
+    // A malformed key off the wire is refused with the offending part named.
+    let mut raw = coord_proto::coord::link::worker_link_client::WorkerLinkClient::connect(format!(
+        "http://{address}"
+    ))
+    .await
+    .expect("connect");
+    let err = raw
+        .recv_tensor(coord_proto::coord::link::RecvTensorRequest {
+            step_id: 3,
+            key: format!("{W1}/device:CPU:0;zz;{W2}/device:CPU:0;t;0:0"),
+            receiver: W2.into(),
+        })
+        .await
+        .expect_err("malformed");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("\"zz\" is not hexadecimal"), "{err}");
+
+    // A peer declared dead fails the receives waiting on it at once.
+    let waiting = {
+        let r = r.clone();
+        tokio::spawn(async move { r.recv(&key(W1, W2, "never")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    links.declare_dead(W1, RendezvousError::unavailable("peer gone"));
+    let err = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("prompt")
+        .expect("join")
+        .expect_err("dead peer");
+    assert_eq!(err.message, "peer gone");
+}
