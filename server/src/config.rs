@@ -71,6 +71,27 @@ pub struct Args {
     #[arg(long, default_value_t = 4 << 20)]
     pub max_value_bytes: usize,
 
+    /// Most keys the store holds; inserting a new key past it fails RESOURCE_EXHAUSTED (0: no
+    /// limit). Checked on the leader before proposing, so writes already in flight may overshoot
+    /// it by their number.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub max_keys: u64,
+
+    /// Requests a second one client may send to this replica, with a burst of one second's worth
+    /// (0: no limit). A client is its request-id client, or its connection.
+    #[arg(long, default_value_t = 50_000)]
+    pub max_requests_per_second_per_client: u32,
+
+    /// Blocking calls (GetKeyValue, barriers, WaitForAllTasks, error polls) one client may have in
+    /// flight at this replica (0: no limit).
+    #[arg(long, default_value_t = 100_000)]
+    pub max_blocking_calls_per_client: usize,
+
+    /// Concurrent HTTP/2 streams per client connection (each parked call holds one); further
+    /// calls wait in the client for a free stream. tonic's own default is no limit.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_concurrent_streams: u32,
+
     /// How long a request waits for a reachable leader before it fails UNAVAILABLE.
     #[arg(long, default_value_t = 5_000)]
     pub leader_wait_ms: u64,

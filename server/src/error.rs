@@ -31,6 +31,9 @@ pub enum CoordError {
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+    /// A limit of this replica or the store was reached; nothing changed.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// An answer with error details for the client (XLA's `GrpcPayloadContainer`, already
     /// serialized).
     #[error("{message}")]
@@ -97,6 +100,7 @@ fn status_of(e: CoordError) -> Status {
         }
         CoordError::LeaderChanged | CoordError::Unavailable(_) => Status::unavailable(message),
         CoordError::Internal(_) => Status::internal(message),
+        CoordError::ResourceExhausted(_) => Status::resource_exhausted(message),
         CoordError::Detailed { code, details, .. } => Status::with_details(code, message, details),
     }
 }

@@ -16,11 +16,12 @@ use crate::parked::Wake;
 use crate::proposer::Proposer;
 use crate::read_index::ReadIndex;
 
-/// Size limits on keys and values.
+/// Size limits on keys and values, and the most keys the store holds (0: no limit).
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    pub max_keys: u64,
 }
 
 pub struct KvCore {
@@ -84,6 +85,7 @@ impl KvCore {
                 self.limits.max_value_bytes
             )));
         }
+        self.check_room(&key)?;
         self.commit(
             id,
             Op::KvPut {
@@ -94,6 +96,25 @@ impl KvCore {
         )
         .await?;
         Ok(())
+    }
+
+    /// Refuses a new key when the store is full (`--max-keys`). An existing key may always be
+    /// written. Checked against the applied state before proposing.
+    fn check_room(&self, key: &str) -> Result<(), CoordError> {
+        let max = self.limits.max_keys;
+        if max == 0 {
+            return Ok(());
+        }
+        let (exists, count) = self
+            .reader
+            .read(|a| (a.state.kv.get(key).is_some(), a.state.kv.len() as u64));
+        if exists || count < max {
+            return Ok(());
+        }
+        Err(CoordError::ResourceExhausted(format!(
+            "the store holds {count} keys, its limit (--max-keys {max}); new key {:?} refused",
+            shown(key)
+        )))
     }
 
     /// Deletes the key and everything under `key/`; returns how many keys went.
@@ -113,6 +134,7 @@ impl KvCore {
         delta: i64,
     ) -> Result<Bytes, CoordError> {
         let key = self.check_key(raw_key, "key")?;
+        self.check_room(&key)?;
         match self.commit(id, Op::KvIncrement { key, delta }).await? {
             Output::Value(v) => Ok(v),
             other => Err(CoordError::Internal(format!(

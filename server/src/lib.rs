@@ -38,6 +38,7 @@ pub mod identity;
 pub mod kv;
 pub mod kv_service;
 pub mod leader;
+pub mod limits;
 pub mod membership;
 pub mod metrics;
 pub mod parked;

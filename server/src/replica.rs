@@ -212,6 +212,10 @@ impl Replica {
             args.leader_wait(),
             metrics.clone(),
             args.peer_source_ip,
+            crate::limits::Limits::new(crate::limits::LimitConfig {
+                requests_per_second: args.max_requests_per_second_per_client,
+                blocking_calls: args.max_blocking_calls_per_client,
+            }),
         ));
         let kv = Arc::new(KvCore {
             proposer: proposer.clone(),
@@ -221,6 +225,7 @@ impl Replica {
             limits: Limits {
                 max_key_bytes: args.max_key_bytes,
                 max_value_bytes: args.max_value_bytes,
+                max_keys: args.max_keys,
             },
         });
         let heartbeats = Arc::new(crate::heartbeats::Heartbeats::default());
@@ -377,6 +382,7 @@ impl Replica {
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20))
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+            .max_concurrent_streams(Some(this.args.max_concurrent_streams))
             .add_service(raft_svc)
             .add_service(tf)
             .add_service(xla)

@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::peers::PeerChannels;
 use coord_proto::metadata::RequestSession;
 
+use crate::limits::{ClientKey, Limits};
 use crate::request_id::{self, FORWARDED_HEADER};
 
 /// Whether a request changes state (and therefore needs a request id).
@@ -43,6 +44,7 @@ pub struct Router {
     session: Arc<RequestSession>,
     leader_wait: Duration,
     metrics: Arc<Metrics>,
+    limits: Arc<Limits>,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -65,6 +67,7 @@ impl Router {
         leader_wait: Duration,
         metrics: Arc<Metrics>,
         source: Option<std::net::IpAddr>,
+        limits: Arc<Limits>,
     ) -> Self {
         Self {
             me,
@@ -73,6 +76,7 @@ impl Router {
             session: request_id::local_session(),
             leader_wait,
             metrics,
+            limits,
         }
     }
 
@@ -98,6 +102,21 @@ impl Router {
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = std::time::Instant::now();
+        // Admitted where it entered the ensemble: a forward from another replica passes.
+        let _permit = if req.metadata().contains_key(FORWARDED_HEADER) {
+            None
+        } else {
+            match self
+                .limits
+                .admit(client_key(&req), method, waits_on_the_service(method))
+            {
+                Ok(p) => p,
+                Err(s) => {
+                    self.metrics.record_rpc(method, s.code(), started.elapsed());
+                    return Err(s);
+                }
+            }
+        };
         // jaxlib's client dies of an UNAVAILABLE; coord's clients try another replica.
         let patient = method.starts_with("xla/")
             && !req
@@ -278,6 +297,16 @@ impl Router {
             }
         }
         s
+    }
+}
+
+/// Who `req` counts against: its request-id client, else its connection.
+fn client_key<T>(req: &Request<T>) -> ClientKey {
+    match coord_proto::metadata::WireRequestId::read(req.metadata()) {
+        Ok(Some(id)) => ClientKey::Id(id.client),
+        _ => req
+            .remote_addr()
+            .map_or(ClientKey::Unknown, ClientKey::Connection),
     }
 }
 

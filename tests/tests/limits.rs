@@ -1,0 +1,153 @@
+//! Limits: past each one a request fails RESOURCE_EXHAUSTED naming the client (or key) and the
+//! flag, nothing changes, and the ensemble keeps serving.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use coord_agent::{ClientOptions, CoordClient};
+use coord_tests::cluster::{Cluster, ClusterOptions};
+use tonic::Code;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn cluster_with(args: &[&str]) -> Cluster {
+    let mut c = Cluster::start(ClusterOptions {
+        extra_args: args.iter().map(|s| s.to_string()).collect(),
+        ..ClusterOptions::default()
+    });
+    c.wait_for_leader(TIMEOUT).await;
+    c
+}
+
+fn client(c: &Cluster) -> CoordClient {
+    CoordClient::new(ClientOptions::new(c.endpoints())).expect("client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_refuses_new_keys_past_max_keys() {
+    let c = cluster_with(&["--max-keys", "10"]).await;
+    let cl = client(&c);
+    for i in 0..10 {
+        cl.insert(&format!("k/{i}"), "v", false)
+            .await
+            .expect("insert");
+    }
+    let err = cl.insert("k/10", "v", false).await.expect_err("full");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("\"k/10\"") && err.message().contains("--max-keys 10"),
+        "{err:?}"
+    );
+    let err = cl.increment("counter", 1).await.expect_err("full");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    // Nothing was written, existing keys may still change, and room made is room to use.
+    assert_eq!(cl.try_get("k/10").await.expect("read"), None);
+    cl.insert("k/0", "again", true).await.expect("overwrite");
+    cl.delete("k/9").await.expect("delete");
+    cl.insert("k/10", "v", false)
+        .await
+        .expect("insert after a delete");
+    assert_eq!(cl.get_dir("k").await.expect("dir").len(), 10);
+    assert_eq!(
+        cl.try_get("k/0").await.expect("read"),
+        Some(Bytes::from("again"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_request_rate_is_refused_and_others_are_not() {
+    let c = cluster_with(&["--max-requests-per-second-per-client", "50"]).await;
+    let greedy = client(&c);
+    let mut refused = None;
+    let mut accepted = 0;
+    for i in 0..400 {
+        match greedy.insert(&format!("g/{i}"), "v", true).await {
+            Ok(()) => accepted += 1,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let err = refused.expect("400 back-to-back writes never hit a 50/s limit");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message()
+            .contains("--max-requests-per-second-per-client"),
+        "{err:?}"
+    );
+    assert!(accepted >= 40, "only {accepted} writes before the refusal");
+    // Another client is not held back by the greedy one.
+    client(&c)
+        .insert("other", "v", false)
+        .await
+        .expect("other client");
+    // The greedy client's bucket refills.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while greedy.insert("g/after", "v", true).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "never refilled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_calls_per_client_are_capped() {
+    let c = cluster_with(&["--max-blocking-calls-per-client", "3"]).await;
+    let waiter = client(&c);
+    let parked: Vec<_> = (0..3)
+        .map(|i| {
+            let w = waiter.clone();
+            tokio::spawn(async move { w.get(&format!("later/{i}")).await })
+        })
+        .collect();
+    // Once three are parked (on the leader, through whichever replica), a fourth is refused.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let err = loop {
+        let w = waiter.clone();
+        let fourth =
+            tokio::time::timeout(
+                Duration::from_millis(500),
+                async move { w.get("later/3").await },
+            )
+            .await;
+        if let Ok(Err(e)) = fourth {
+            break e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a fourth blocking call was never refused"
+        );
+    };
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("3 blocking calls") && err.message().contains("GetKeyValue"),
+        "{err:?}"
+    );
+    // Releasing one makes room.
+    let other = client(&c);
+    other.insert("later/0", "now", false).await.expect("insert");
+    let mut parked = parked.into_iter();
+    let first = parked.next().expect("first");
+    assert_eq!(
+        first.await.expect("join").expect("released"),
+        Bytes::from("now")
+    );
+    other.insert("later/3", "too", false).await.expect("insert");
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        match waiter.get("later/3").await {
+            Ok(v) => {
+                assert_eq!(v, Bytes::from("too"));
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                assert!(std::time::Instant::now() < deadline, "no room made");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    for p in parked {
+        p.abort();
+    }
+}
