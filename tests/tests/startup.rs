@@ -219,3 +219,48 @@ async fn a_lagging_replica_catches_up_by_snapshot_and_logs_it() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_in_an_older_log_segment_is_refused() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    c.wait_for_leader(TIMEOUT).await;
+    let client = CoordClient::new(ClientOptions::new(c.endpoints())).expect("client");
+    // About 6 MB of log: more than one 4 MiB segment on every replica.
+    let value = Bytes::from(vec![b'x'; 16 << 10]);
+    for i in 0..400 {
+        client
+            .insert(&format!("big/{i}"), value.clone(), false)
+            .await
+            .expect("insert");
+    }
+    let leader = c.wait_for_leader(TIMEOUT).await;
+    let victim = c.other_than(leader);
+    let target = c.status(leader).expect("status").last_log_index;
+    c.wait_applied(victim, target, TIMEOUT).await;
+    c.kill(victim);
+    let raft_dir = c.replica(victim).data_dir.join("raft");
+    let mut segments: Vec<_> = std::fs::read_dir(&raft_dir)
+        .expect("raft dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 2, "only {} segment(s)", segments.len());
+    let oldest = &segments[0];
+    let mut bytes = std::fs::read(oldest).expect("segment");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(oldest, &bytes).expect("damage a record");
+    let args = c.args_of(victim);
+    let name = oldest
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name")
+        .to_string();
+    expect_refusal(&mut c, victim, &args, &name);
+    expect_refusal(&mut c, victim, &args, "is damaged");
+    client
+        .insert("still", "serving", false)
+        .await
+        .expect("the other two still serve");
+}

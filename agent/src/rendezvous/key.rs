@@ -213,6 +213,62 @@ mod tests {
         assert_eq!(legacy.to_string(), "/job:ps/replica:0/task:0/device:CPU:0");
     }
 
+    /// Keys mutated at random, and strings made of key characters: the parser never panics, and
+    /// whatever it accepts it gives back unchanged and would build the same way.
+    #[test]
+    fn fuzz_the_parser_never_panics_and_accepts_only_well_formed_keys() {
+        let good = format!("{SRC};0000000000000abc;{DST};edge_5_x;0:7");
+        let alphabet: Vec<char> = "/;:0123456789abcfxjobreplicatskdvCPUGé_-. "
+            .chars()
+            .collect();
+        let mut x: u64 = 0x6B65_7973;
+        let mut next = move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        };
+        let mut accepted = 0;
+        for round in 0..20_000u32 {
+            let key: String = if round.is_multiple_of(2) {
+                let mut chars: Vec<char> = good.chars().collect();
+                for _ in 0..1 + next() % 3 {
+                    let at = (next() as usize) % chars.len();
+                    let c = alphabet[(next() as usize) % alphabet.len()];
+                    match next() % 3 {
+                        0 => chars[at] = c,
+                        1 => chars.insert(at, c),
+                        _ => {
+                            chars.remove(at);
+                        }
+                    }
+                }
+                chars.into_iter().collect()
+            } else {
+                (0..next() % 120)
+                    .map(|_| alphabet[(next() as usize) % alphabet.len()])
+                    .collect()
+            };
+            if let Ok(k) = ParsedKey::parse(&key) {
+                accepted += 1;
+                assert_eq!(k.as_str(), key);
+                let rebuilt = ParsedKey::create(
+                    &k.src,
+                    k.src_incarnation,
+                    &k.dst,
+                    &k.edge_name,
+                    k.frame_id,
+                    k.iter_id,
+                )
+                .expect("an accepted key's parts build a key");
+                assert_eq!(rebuilt.src, k.src);
+                assert_eq!(rebuilt.dst, k.dst);
+                assert_eq!(rebuilt.edge_name, k.edge_name);
+            }
+        }
+        assert!(accepted > 100, "only {accepted} mutated keys parsed");
+    }
+
     #[test]
     fn malformed_keys_are_refused_naming_the_part() {
         let good = format!("{SRC};0000000000000001;{DST};t;0:0");

@@ -10,6 +10,8 @@ mod cluster;
 mod coordination;
 #[cfg(test)]
 mod coordination_tests;
+#[cfg(test)]
+mod fuzz_tests;
 mod kv;
 mod sessions;
 mod tasks;

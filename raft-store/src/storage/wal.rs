@@ -8,8 +8,8 @@
 //! Recovery reads every segment in order and replays its records. A record that is cut short or
 //! fails its checksum at the end of the newest segment is a write torn by a crash before it was
 //! synced: the file is cut there and the log goes on from the last whole record. The same damage in
-//! any older segment, or records out of order, mean the log is damaged and the replica refuses to
-//! start. (A lost *synced* tail is caught by the witness, which knows the vote and a lower bound of
+//! any older segment, an older segment shorter than a full one, or records out of order, mean the
+//! log is damaged and the replica refuses to start. (A lost *synced* tail is caught by the witness, which knows the vote and a lower bound of
 //! the committed index.)
 
 use std::collections::BTreeMap;
@@ -229,6 +229,14 @@ impl Wal {
             })
             .map_err(|e| io_err("cannot read", path, e))?
             .map_err(|e| format!("{}: {e}", path.display()))?;
+            if Some(*seq) != newest && end.damage.is_none() && end.valid_len < segment_bytes {
+                // A segment is closed only once it is full: a short one lost its end.
+                return Err(format!(
+                    "{}: {} bytes, but a closed segment holds at least {segment_bytes} (cut short?)",
+                    path.display(),
+                    end.valid_len
+                ));
+            }
             if let Some(damage) = end.damage {
                 if Some(*seq) != newest {
                     return Err(format!("{}: {damage}", path.display()));

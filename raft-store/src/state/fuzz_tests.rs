@@ -1,0 +1,132 @@
+//! Random commands over small id spaces (so they hit existing and missing tasks, keys and barriers
+//! alike), through the whole coordination state machine: apply never panics, and a refused command
+//! leaves the state exactly as it was.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+
+use super::*;
+use crate::command::{Command, Proposal};
+
+#[test]
+fn fuzz_commands_never_panic_and_refusals_change_nothing() {
+    let mut x: u64 = 0x0C00_7D5E_ED00;
+    let mut next = move || {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    };
+    let mut s = CoordState::default();
+    let (mut applied, mut refused) = (0u32, 0u32);
+    let codes = [
+        Code::Unavailable,
+        Code::Internal,
+        Code::Aborted,
+        Code::Cancelled,
+    ];
+    for step in 0..20_000u64 {
+        let task = TaskName::new(
+            ["worker", "eval", "ghost"][(next() % 3) as usize],
+            (next() % 4) as u32,
+        );
+        let tasks: Vec<TaskName> = (0..next() % 3)
+            .map(|i| TaskName::new("worker", ((next() + i) % 4) as u32))
+            .collect();
+        let key = ["a", "a/b", "a/b/c", "n", "7"][(next() % 5) as usize].to_string();
+        let id = format!("b{}", next() % 3);
+        let counter = (next() % 4) as i64 - 1;
+        let op = match next() % 17 {
+            0 => Op::InitCluster {
+                config: ClusterConfig {
+                    jobs: BTreeMap::from([
+                        ("worker".to_string(), (next() % 5) as u32),
+                        ("eval".to_string(), 1),
+                    ]),
+                    heartbeat_timeout_ms: next() % 20_000,
+                    register_timeout_ms: next() % 2 * 5_000,
+                    shutdown_barrier_timeout_ms: next() % 2 * 5_000,
+                    recoverable_jobs: BTreeSet::from(["eval".to_string()]),
+                },
+                service_incarnation: next() % 3,
+            },
+            1 | 2 => Op::KvPut {
+                key,
+                value: Bytes::from(vec![b'0' + (next() % 10) as u8; (next() % 3) as usize]),
+                overwrite: next().is_multiple_of(2),
+            },
+            3 => Op::KvDelete { key },
+            4 => Op::KvIncrement {
+                key,
+                delta: [i64::MAX, i64::MIN, 1, -1][(next() % 4) as usize],
+            },
+            5 | 6 => Op::RegisterTask {
+                task,
+                incarnation: next() % 3,
+            },
+            7 => Op::ReportError {
+                task,
+                code: codes[(next() % 4) as usize],
+                message: "boom".into(),
+            },
+            8 => Op::HeartbeatTimeout {
+                task,
+                incarnation: next() % 3,
+                silent_ms: next() % 30_000,
+            },
+            9 => Op::ResetTask { task },
+            10 => Op::ShutdownTask { task },
+            11 => Op::WaitForAllTasks {
+                task,
+                devices: DeviceInfo::Tf(vec![Bytes::from_static(b"d")]),
+            },
+            12 | 13 => Op::Barrier {
+                id,
+                counter,
+                tasks,
+                timeout_ms: (next() % 3) as i64 * 1_000 - 1_000,
+                source: task,
+            },
+            14 => Op::CancelBarrier {
+                id,
+                counter,
+                source: task,
+            },
+            15 => Op::ExpireBarrier { id, counter },
+            _ => Op::GetAliveTasks {
+                source: task,
+                tasks,
+            },
+        };
+        let before = s.clone();
+        let mut changes = Vec::new();
+        let out = s.apply(
+            &Proposal::new(step * 100, vec![Command { request: None, op }]),
+            &mut changes,
+        );
+        match out.as_slice() {
+            [Ok(_)] => applied += 1,
+            [Err(_)] => {
+                refused += 1;
+                // Every proposal sweeps expired client sessions, whatever its commands do (these
+                // commands carry no request id, so nothing else touches the session table).
+                let mut before = before;
+                before.sessions = s.sessions.clone();
+                assert_eq!(
+                    s, before,
+                    "step {step}: a refused command changed the state"
+                );
+                assert!(
+                    changes.is_empty(),
+                    "step {step}: a refused command reported changes"
+                );
+            }
+            other => panic!("step {step}: {} results for one command", other.len()),
+        }
+    }
+    assert!(
+        applied > 2_000 && refused > 2_000,
+        "applied {applied}, refused {refused}: the fuzz did not reach both paths"
+    );
+}
