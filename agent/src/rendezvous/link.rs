@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use coord_proto::coord::link::worker_link_client::WorkerLinkClient;
 use coord_proto::coord::link::worker_link_server::{WorkerLink, WorkerLinkServer};
 use coord_proto::coord::link::{
@@ -32,15 +32,19 @@ use crate::client::CoordClient;
 /// Bytes of tensor data per streamed message. A tensor up to this size crosses as one message,
 /// which tonic decodes into one buffer that becomes the received tensor's bytes (no copy to
 /// assemble it); a larger one comes in chunks of this size, assembled at the receiver.
-pub const CHUNK_BYTES: usize = 4 << 20;
+///
+/// Small enough that every copy on the way (the producer's encode, tonic's decode buffer, the
+/// assembly) works on data still in the CPU cache: measured here with 64 MiB tensors, 256 KiB
+/// chunks moved 2.1 GB/s where 4 MiB chunks moved 1.2 (128 KiB: 1.6, 512 KiB: 1.5, one run each).
+pub const CHUNK_BYTES: usize = 256 << 10;
 /// The largest message either side accepts: a chunk and its framing.
 const MAX_MESSAGE: usize = CHUNK_BYTES + (64 << 10);
 /// HTTP/2 flow-control windows: large enough that a loopback stream is never window-bound.
 const STREAM_WINDOW: u32 = 16 << 20;
 const CONNECTION_WINDOW: u32 = 64 << 20;
-/// The largest HTTP/2 frame either side accepts: a chunk crosses in one or two frames, not 256 of
-/// the default 16 KiB.
-const MAX_FRAME: u32 = 4 << 20;
+/// The largest HTTP/2 frame either side accepts: a chunk crosses in one frame, not 16 of the
+/// default 16 KiB.
+const MAX_FRAME: u32 = 1 << 20;
 /// How long a lookup waits for a peer to publish its address.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -148,6 +152,29 @@ impl WorkerLink for LinkService {
     }
 }
 
+/// The most a receiver allocates for a tensor before its bytes arrive.
+const MAX_PREALLOCATED: usize = 1 << 30;
+
+/// An empty buffer for `capacity` bytes. A large one is advised to the kernel as a candidate for
+/// transparent huge pages: filling 64 MiB then takes a few dozen page faults instead of 16,384.
+fn tensor_buffer(capacity: usize) -> Vec<u8> {
+    let mut v = Vec::<u8>::with_capacity(capacity);
+    #[cfg(target_os = "linux")]
+    if capacity >= 4 << 20 {
+        const PAGE: usize = 4096;
+        let start = v.as_mut_ptr() as usize;
+        let aligned = start.next_multiple_of(PAGE);
+        let len = (start + capacity).saturating_sub(aligned) / PAGE * PAGE;
+        // SAFETY: madvise only advises on pages inside this Vec's own allocation (the range is
+        // rounded inward to page boundaries); it changes neither contents nor mappings. Failure
+        // (e.g. no THP in this kernel) is harmless and ignored.
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+    }
+    v
+}
+
 /// Finds a task's link address.
 pub type Directory = Arc<
     dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<String, RendezvousError>> + Send>>
@@ -252,7 +279,10 @@ impl Links {
                 receiver: receiver.to_string(),
             })
             .await
-            .map_err(failed)?
+            .map_err(|s| {
+                self.forget_if_gone(task, &s);
+                failed(s)
+            })?
             .into_inner();
         let first = stream
             .message()
@@ -289,9 +319,9 @@ impl Links {
             }
             Some(next) => Some(next.data),
         };
-        // Several chunks: assembled into a buffer grown as data arrives, so that a lying header
-        // cannot make this worker allocate up front.
-        let mut data = BytesMut::with_capacity((expected as usize).min(CHUNK_BYTES * 2));
+        // Several chunks, assembled. The buffer is sized by the header only up to a bound (a lying
+        // header cannot make this worker allocate gigabytes up front) and grows past it.
+        let mut data = tensor_buffer((expected as usize).min(MAX_PREALLOCATED));
         if first.data.len() as u64 > expected {
             return Err(too_many());
         }
@@ -303,7 +333,7 @@ impl Links {
             data.extend_from_slice(&chunk);
             second = stream.message().await.map_err(failed)?.map(|c| c.data);
         }
-        let tensor = Tensor::new(dtype, header.shape, data.freeze())
+        let tensor = Tensor::new(dtype, header.shape, Bytes::from(data))
             .map_err(|e| failed(Status::data_loss(e)))?;
         Ok(Received {
             tensor,
@@ -328,15 +358,35 @@ impl Links {
             .map_err(|_| {
                 RendezvousError::unavailable(format!("{task} did not answer within {timeout:?}"))
             })?
-            .map_err(|s| RendezvousError::new(s.code(), format!("{task}: {}", s.message())))?
+            .map_err(|s| {
+                self.forget_if_gone(task, &s);
+                RendezvousError::new(s.code(), format!("{task}: {}", s.message()))
+            })?
             .into_inner();
         if reply.task != task {
+            // An address now used by someone else: look it up again next time.
+            self.forget(task);
             return Err(RendezvousError::invalid(format!(
                 "the link published for {task} is {}'s",
                 reply.task
             )));
         }
         Ok(reply.incarnation)
+    }
+
+    /// Drops the cached link of `task`: the next call looks its address up again.
+    pub fn forget(&self, task: &str) {
+        self.lock_clients().remove(task);
+    }
+
+    /// A call that could not reach `task` at all (UNAVAILABLE from the transport: connection
+    /// refused or reset) means nothing listens at the cached address any more; a restarted peer
+    /// has published a new one. A slow peer (a timeout) keeps its link, so that a lookup in the
+    /// key-value store, which needs a coordinator leader, is never in the way of its heartbeats.
+    fn forget_if_gone(&self, task: &str, status: &Status) {
+        if status.code() == tonic::Code::Unavailable {
+            self.forget(task);
+        }
     }
 
     /// Marks `task` dead: every receive waiting on it, now or later, fails with `error`.

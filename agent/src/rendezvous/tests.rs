@@ -167,6 +167,64 @@ async fn serve(mgr: RendezvousMgr, task: &str, incarnation: u64) -> String {
     address
 }
 
+/// A link served on a runtime of its own: dropping it ends the server and every connection to
+/// it, as a process exit would.
+fn serve_on_own_runtime(task: &str, incarnation: u64) -> (String, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let address = rt.block_on(serve(RendezvousMgr::new(), task, incarnation));
+    (address, rt)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_restarted_at_a_new_address_is_found_again() {
+    let addresses = Arc::new(std::sync::Mutex::new(HashMap::<String, String>::new()));
+    let directory: Directory = {
+        let addresses = addresses.clone();
+        Arc::new(move |task: String| {
+            let found = addresses.lock().expect("lock").get(&task).cloned();
+            Box::pin(async move {
+                found.ok_or_else(|| RendezvousError::unavailable(format!("no address for {task}")))
+            })
+        })
+    };
+    let links = Links::new(directory);
+    let (first, server) = tokio::task::block_in_place(|| serve_on_own_runtime(W1, 1));
+    addresses.lock().expect("lock").insert(W1.into(), first);
+    assert_eq!(
+        links
+            .heartbeat(W1, W2, Duration::from_secs(5))
+            .await
+            .expect("up"),
+        1
+    );
+
+    // The peer dies and comes back elsewhere, publishing its new address.
+    server.shutdown_background();
+    let (second, server) = tokio::task::block_in_place(|| serve_on_own_runtime(W1, 2));
+    addresses.lock().expect("lock").insert(W1.into(), second);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match links.heartbeat(W1, W2, Duration::from_secs(2)).await {
+            Ok(incarnation) => {
+                assert_eq!(incarnation, 2, "still talking to the old incarnation");
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never found again: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    server.shutdown_background();
+}
+
 fn static_links(addresses: HashMap<String, String>) -> Links {
     let addresses = Arc::new(addresses);
     let directory: Directory = Arc::new(move |task: String| {
