@@ -112,12 +112,20 @@ async fn a_silent_peer_is_declared_dead_and_reported_to_the_service() {
         ..ClusterOptions::default()
     });
     c.wait_for_leader(TIMEOUT).await;
-    let mut watcher_args = vec!["--agent"];
-    watcher_args.extend(WATCH_PAIR);
+    // No --watch: each watches every task of its job, as the service's configuration lists them.
+    let watcher_args = [
+        "--agent",
+        "--heartbeat-ms",
+        "1000",
+        "--peer-timeout-ms",
+        "1500",
+    ];
     let watcher = LinkWorker::start(&c.endpoints(), 1, &watcher_args);
     let silent = LinkWorker::start(&c.endpoints(), 2, &watcher_args);
     let (watcher, silent, stopped, dead) = tokio::task::spawn_blocking(move || {
         watcher.wait_line("LINK", TIMEOUT).expect("watcher up");
+        let (_, watching) = watcher.wait_line("WATCHING", TIMEOUT).expect("watch list");
+        assert_eq!(watching, "WATCHING 3", "the job has 3 tasks");
         silent.wait_line("LINK", TIMEOUT).expect("peer up");
         watcher
             .wait_line("PEER_UP /job:worker/replica:0/task:2", TIMEOUT)

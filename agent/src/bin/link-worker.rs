@@ -5,7 +5,7 @@
 //! `--bytes` bytes each, to or from `--partner`. The consumer checks every byte. Lines on stdout
 //! (`key value…`) tell the driver what happened:
 //!
-//! - `LINK <address>` once serving; `STEP <n>` every 100 steps (consumer);
+//! - `LINK <address>` once serving; `WATCHING <n>`, the number of peers (and itself) it watches; `STEP <n>` every 100 steps (consumer);
 //! - `PEER_UP <task>` when a watched peer first answers;
 //! - `PEER_DEAD <task> <ms since the start> <reason>` when a watched peer is declared dead;
 //! - `RECV_ERROR <ms since the start> <error>` when a receive fails (then exit status 3);
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use coord_agent::rendezvous::link::{self, LinkService, Links};
-use coord_agent::rendezvous::peers::{OnPeer, PeerEvent, PeerMonitor, PeerOptions};
+use coord_agent::rendezvous::peers::{job_tasks, OnPeer, PeerEvent, PeerMonitor, PeerOptions};
 use coord_agent::rendezvous::{DType, ParsedKey, RendezvousMgr, Tensor, WorkerSession};
 use coord_agent::{Agent, AgentConfig, ClientOptions, CoordClient};
 use tonic::transport::server::TcpIncoming;
@@ -42,9 +42,10 @@ struct Cli {
     task_id: u32,
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
-    /// Task ids of the job whose heartbeats this worker watches.
+    /// Task ids of the job whose heartbeats this worker watches (default: every task of its job,
+    /// as the coordination service's cluster configuration lists them).
     #[arg(long, value_delimiter = ',')]
-    watch: Vec<u32>,
+    watch: Option<Vec<u32>>,
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
     #[arg(long, default_value_t = 1500)]
@@ -203,10 +204,17 @@ async fn run(cli: Cli) -> Result<i32, String> {
             }
         })
     };
+    let watched = match &cli.watch {
+        Some(ids) => ids.iter().map(|id| task(&cli.job, *id)).collect(),
+        None => job_tasks(&coord, &cli.job)
+            .await
+            .map_err(|e| format!("listing the tasks of job {}: {}", cli.job, e.message()))?,
+    };
+    println!("WATCHING {}", watched.len());
     let _monitor = PeerMonitor::start(
         links.clone(),
         me.clone(),
-        cli.watch.iter().map(|id| task(&cli.job, *id)).collect(),
+        watched,
         PeerOptions {
             interval: Duration::from_millis(cli.heartbeat_ms),
             timeout: Duration::from_millis(cli.peer_timeout_ms),

@@ -50,6 +50,21 @@ pub enum PeerEvent {
 /// Told about every [`PeerEvent`].
 pub type OnPeer = Arc<dyn Fn(&PeerEvent) + Send + Sync>;
 
+/// Every task of `job` as the coordination service knows it (its cluster configuration): the
+/// default set of peers a worker watches.
+pub async fn job_tasks(
+    client: &crate::client::CoordClient,
+    job: &str,
+) -> Result<Vec<String>, tonic::Status> {
+    let reply = client.tasks().await?;
+    Ok(reply
+        .tasks
+        .iter()
+        .filter(|t| t.job == job)
+        .map(|t| super::key::task_name(job, 0, t.task))
+        .collect())
+}
+
 /// Watches peers until dropped.
 pub struct PeerMonitor {
     probes: Vec<JoinHandle<()>>,
