@@ -12,6 +12,7 @@
 //! - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
 //! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
+//! - [`fuzz`]: the deterministic random stream of the fuzz tests.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
@@ -56,4 +57,5 @@ pub mod coord {
 
 pub mod codec;
 pub mod dataset;
+pub mod fuzz;
 pub mod metadata;

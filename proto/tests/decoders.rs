@@ -2,18 +2,8 @@
 //! mutations of a valid encoding. prost must return a value or an error, never panic, and a
 //! value that decodes must encode again.
 
+use coord_proto::fuzz::xorshift;
 use prost::Message;
-
-/// A deterministic xorshift stream.
-fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed;
-    move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-}
 
 fn fuzz<M: Message + Default>(next: &mut impl FnMut() -> u64, decoded: &mut usize) {
     for round in 0..400u32 {

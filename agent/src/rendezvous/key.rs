@@ -221,13 +221,7 @@ mod tests {
         let alphabet: Vec<char> = "/;:0123456789abcfxjobreplicatskdvCPUGé_-. "
             .chars()
             .collect();
-        let mut x: u64 = 0x6B65_7973;
-        let mut next = move || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        };
+        let mut next = coord_proto::fuzz::xorshift(0x6B65_7973);
         let mut accepted = 0;
         for round in 0..20_000u32 {
             let key: String = if round.is_multiple_of(2) {

@@ -402,13 +402,7 @@ fn a_lease_takes_reissued_splits_first_and_stops_at_the_end() {
 /// panics, and a refused update leaves the state exactly as it was.
 #[test]
 fn fuzz_updates_never_panic_and_refusals_change_nothing() {
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut next = move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    };
+    let mut next = coord_proto::fuzz::xorshift(0x2545_F491_4F6C_DD1D);
     let mut s = DispatcherState::default();
     let (mut applied, mut refused) = (0, 0);
     for step in 0..30_000u64 {
@@ -424,7 +418,7 @@ fn fuzz_updates_never_panic_and_refusals_change_nothing() {
             1 => DispatchOp::GetOrCreateJob {
                 dataset: id,
                 mode,
-                name: (next() % 2 == 0).then(|| format!("j{}", next() % 3)),
+                name: next().is_multiple_of(2).then(|| format!("j{}", next() % 3)),
                 num_consumers: [None, Some(0), Some(1 + next() % 3)][(next() % 3) as usize],
             },
             2 => DispatchOp::ReleaseClient { client: id },
@@ -452,7 +446,7 @@ fn fuzz_updates_never_panic_and_refusals_change_nothing() {
             9 => DispatchOp::ClientRounds {
                 client: id,
                 current_round: Some((next() % 200) as i64 - 50),
-                blocked_round: (next() % 2 == 0).then(|| (next() % 200) as i64),
+                blocked_round: next().is_multiple_of(2).then(|| (next() % 200) as i64),
             },
             _ => DispatchOp::CollectJob { job: id },
         };

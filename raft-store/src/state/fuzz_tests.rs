@@ -11,13 +11,7 @@ use crate::command::{Command, Proposal};
 
 #[test]
 fn fuzz_commands_never_panic_and_refusals_change_nothing() {
-    let mut x: u64 = 0x0C00_7D5E_ED00;
-    let mut next = move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    };
+    let mut next = coord_proto::fuzz::xorshift(0x0C00_7D5E_ED00);
     let mut s = CoordState::default();
     let (mut applied, mut refused) = (0u32, 0u32);
     let codes = [

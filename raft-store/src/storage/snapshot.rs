@@ -155,13 +155,7 @@ mod tests {
         state.apply(&Proposal::new(1, commands), &mut changes);
         let body = SnapshotBody { state, ..body() };
         let clean = codec::encode("snapshot", &body).expect("encode");
-        let mut x: u64 = 0x00C0_FFEE_5EED;
-        let mut next = move || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        };
+        let mut next = coord_proto::fuzz::xorshift(0x00C0_FFEE_5EED);
         let (mut ok, mut err) = (0, 0);
         for _ in 0..5_000 {
             let mut b = clean.clone();

@@ -154,23 +154,12 @@ fn entries_out_of_order_are_refused() {
     assert!(err.contains("expected entry 2"), "{err}");
 }
 
-/// A deterministic xorshift stream, so a failing round can be replayed.
-fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed;
-    move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-}
-
 /// Damaged logs of every shape (bytes flipped, cut, overwritten, garbage appended, a segment lost):
 /// opening never panics, and a log that opens reads back as a contiguous run of entries ending
 /// where its bounds say.
 #[test]
 fn fuzz_damaged_logs_never_panic_and_what_opens_is_consistent() {
-    let mut next = xorshift(0x005E_ED0F_10C5);
+    let mut next = coord_proto::fuzz::xorshift(0x005E_ED0F_10C5);
     let (mut opened, mut refused) = (0, 0);
     for round in 0..300u64 {
         let dir = tempfile::tempdir().expect("tempdir");
