@@ -11,6 +11,12 @@
 //! Entries, the vote, the committed id, purges and truncations are all records of the one file, so
 //! one `fdatasync` makes a whole batch of them durable, in order. A new segment starts by restating
 //! the vote, the committed id and the purge point, so deleting older segments never loses them.
+//! A closed segment ends with a [`Kind::SegmentEnd`] record: one without it lost its end.
+//!
+//! A new segment is first filled with zeros and synced, so that appends overwrite allocated
+//! blocks: an `fdatasync` then writes the data alone, not the file's growing size and extents as
+//! well (on this machine's ext4, 123 µs against 190 µs a sync). A record header of zeros is where
+//! the data ends.
 //!
 //! Why not sled: sled 0.34 rebuilds its page table at open by scanning every write since the last
 //! open, so a replica's start time grew with the history it had written (0.10 s after 50,000
@@ -46,6 +52,8 @@ pub enum Kind {
     Purged = 4,
     /// Payload: an index (u64 LE); entries from it on are gone.
     Truncated = 5,
+    /// No payload: the segment is closed, and nothing after this record belongs to the log.
+    SegmentEnd = 6,
 }
 
 impl Kind {
@@ -56,6 +64,7 @@ impl Kind {
             3 => Self::Committed,
             4 => Self::Purged,
             5 => Self::Truncated,
+            6 => Self::SegmentEnd,
             _ => return None,
         })
     }
@@ -148,10 +157,12 @@ pub fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// How a segment's scan ended.
 #[derive(Debug)]
 pub struct ScanEnd {
-    /// Bytes of whole, valid records from the start of the file.
+    /// Bytes of whole, valid records from the start of the file (the end marker included).
     pub valid_len: u64,
-    /// Why the scan stopped before the end of the file, if it did.
+    /// Why the scan stopped before the end of the data, if it did.
     pub damage: Option<String>,
+    /// The segment ends with its [`Kind::SegmentEnd`] record.
+    pub closed: bool,
 }
 
 /// Largest record body accepted when reading back (a corrupt length must not allocate gigabytes).
@@ -169,21 +180,30 @@ pub fn scan(
     let mut offset = 0u64;
     let mut buf = Vec::new();
     loop {
-        if offset == file_len {
-            return Ok(Ok(ScanEnd {
-                valid_len: offset,
+        let clean_end = |valid_len, closed| {
+            Ok(Ok(ScanEnd {
+                valid_len,
                 damage: None,
-            }));
+                closed,
+            }))
+        };
+        if offset == file_len {
+            return clean_end(offset, false);
         }
         let damaged = |why: String| ScanEnd {
             valid_len: offset,
             damage: Some(format!("at byte {offset} of {file_len}: {why}")),
+            closed: false,
         };
         let mut header = [0u8; RECORD_HEADER];
         if file_len - offset < RECORD_HEADER as u64 {
             return Ok(Ok(damaged("a record header is cut short".into())));
         }
         reader.read_exact(&mut header)?;
+        if header == [0; RECORD_HEADER] {
+            // The zeros a new segment is filled with: the data ends here.
+            return clean_end(offset, false);
+        }
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
         if len == 0 || len > MAX_RECORD {
             return Ok(Ok(damaged(format!("impossible record length {len}"))));
@@ -199,6 +219,9 @@ pub fn scan(
             Ok(r) => r,
             Err(why) => return Ok(Ok(damaged(why))),
         };
+        if kind == Kind::SegmentEnd {
+            return clean_end(offset + buf.len() as u64, true);
+        }
         if let Err(e) = visit(offset, kind, payload) {
             return Ok(Err(format!("at byte {offset}: {e}")));
         }
