@@ -7,9 +7,11 @@
 //!
 //! Recovery reads every segment in order and replays its records. A record that is cut short or
 //! fails its checksum at the end of the newest segment is a write torn by a crash before it was
-//! synced: the file is cut there and the log goes on from the last whole record. The same damage in
-//! any older segment, an older segment shorter than a full one, or records out of order, mean the
-//! log is damaged and the replica refuses to start. (A lost *synced* tail is caught by the witness, which knows the vote and a lower bound of
+//! synced: the file is cut there and the log goes on from the last whole record. A segment just
+//! before the newest that ends cleanly without its end record was being closed when the crash
+//! came: the newest segment, none of which was acknowledged, is dropped. Any other damage in an
+//! older segment, an older segment without its end record, or records out of order, mean the log
+//! is damaged and the replica refuses to start. (A lost *synced* tail is caught by the witness, which knows the vote and a lower bound of
 //! the committed index.)
 
 use std::collections::BTreeMap;
@@ -216,8 +218,10 @@ impl Wal {
         let mut log = Log::default();
         let mut torn_tail = None;
         let mut newest_closed = false;
-        let newest = found.last().map(|(seq, _)| *seq);
-        for (seq, path) in &found {
+        // The newest segment, dropped because the one before it was never closed on disk.
+        let mut discarded = None;
+        let last = found.len().saturating_sub(1);
+        for (i, (seq, path)) in found.iter().enumerate() {
             let file = open_rw(path, false).map_err(|e| io_err("cannot open", path, e))?;
             log.segments.insert(
                 *seq,
@@ -232,17 +236,25 @@ impl Wal {
             })
             .map_err(|e| io_err("cannot read", path, e))?
             .map_err(|e| format!("{}: {e}", path.display()))?;
-            if Some(*seq) != newest && end.damage.is_none() && !end.closed {
-                return Err(format!(
-                    "{}: no end record after {} bytes, though newer segments follow (cut short?)",
-                    path.display(),
-                    end.valid_len
-                ));
+            let unfinished = end.damage.is_some() || !end.closed;
+            if i < last && unfinished {
+                if i + 1 < last || end.damage.is_some() {
+                    return Err(match &end.damage {
+                        Some(damage) => format!("{}: {damage}", path.display()),
+                        None => format!(
+                            "{}: no end record after {} bytes, though newer segments follow (cut short?)",
+                            path.display(),
+                            end.valid_len
+                        ),
+                    });
+                }
+                // The segment before the newest ends cleanly but was never closed on disk: the
+                // crash came before the sync that would have made its end record durable. The flusher syncs files
+                // in the order they were written, so nothing in the newest segment was
+                // acknowledged either: it is dropped, and this one is written on.
+                discarded = found.get(last).cloned();
             }
             if let Some(damage) = end.damage {
-                if Some(*seq) != newest {
-                    return Err(format!("{}: {damage}", path.display()));
-                }
                 // A write torn by a crash: cut it off so that nothing after it can be mistaken
                 // for a record later.
                 let file = &log.segments[seq].file;
@@ -254,6 +266,15 @@ impl Wal {
             log.active = *seq;
             log.active_len = end.valid_len;
             newest_closed = end.closed;
+            if discarded.is_some() {
+                break;
+            }
+        }
+        if let Some((_, path)) = &discarded {
+            std::fs::remove_file(path)
+                .and_then(|_| File::open(dir)?.sync_all())
+                .map_err(|e| io_err("cannot remove the unfinished segment", path, e))?;
+            tracing::warn!(file = %path.display(), "dropped a log segment started just before a crash (the previous one was never closed on disk)");
         }
         log.check_start()?;
         let wal = Self {

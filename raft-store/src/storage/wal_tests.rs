@@ -287,3 +287,52 @@ fn a_crash_between_closing_a_segment_and_starting_the_next_is_recovered() {
     assert_eq!(wal.vote(), Some(Vote::new(4, 1)));
     assert_eq!(contents(&wal).len() as u64, last);
 }
+
+#[test]
+fn a_segment_never_closed_on_disk_drops_the_one_started_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut n = 0;
+    {
+        let wal = open(dir.path(), 512);
+        wal.save_vote(&Vote::new(2, 1)).expect("vote");
+        while wal.segment_count() < 3 {
+            wal.append(&entries(1, n..n + 1)).expect("append");
+            n += 1;
+        }
+    }
+    // A power loss: the end record of the second-newest segment never reached the disk, though
+    // the newest segment's file did.
+    let files = segment_files(dir.path());
+    let second = &files[files.len() - 2];
+    let mut bytes = std::fs::read(second).expect("read");
+    let data_end = bytes.iter().rposition(|b| *b != 0).expect("data") + 1;
+    let end_record = segments::RECORD_HEADER + 1;
+    bytes[data_end - end_record..data_end].fill(0);
+    std::fs::write(second, &bytes).expect("lose the end record");
+    {
+        let wal = open(dir.path(), 512);
+        assert_eq!(
+            segment_files(dir.path()).len(),
+            files.len() - 1,
+            "newest dropped"
+        );
+        // The entry that had gone to the newest segment is gone; everything before it is there.
+        assert_eq!(wal.bounds().1, Some(id(1, n - 2)));
+        assert_eq!(wal.vote(), Some(Vote::new(2, 1)));
+        wal.append(&entries(3, n - 1..n)).expect("append");
+    }
+    let wal = open(dir.path(), 512);
+    assert_eq!(wal.bounds().1, Some(id(3, n - 1)));
+    assert_eq!(contents(&wal).len() as u64, n);
+
+    // Two segments without an end record is damage, not a crash in between.
+    drop(wal);
+    let files = segment_files(dir.path());
+    let first = &files[0];
+    let mut bytes = std::fs::read(first).expect("read");
+    let data_end = bytes.iter().rposition(|b| *b != 0).expect("data") + 1;
+    bytes[data_end - end_record..data_end].fill(0);
+    std::fs::write(first, &bytes).expect("lose another end record");
+    let err = Wal::open_with(dir.path(), 512).err().expect("refused");
+    assert!(err.contains("no end record"), "{err}");
+}
