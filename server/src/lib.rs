@@ -41,6 +41,7 @@ pub mod leader;
 pub mod limits;
 pub mod membership;
 pub mod metrics;
+pub mod oversized;
 pub mod parked;
 pub mod peers;
 pub mod proposer;

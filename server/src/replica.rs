@@ -383,6 +383,7 @@ impl Replica {
             .initial_connection_window_size(Some(16 << 20))
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
             .max_concurrent_streams(Some(this.args.max_concurrent_streams))
+            .layer(crate::oversized::OversizedLayer)
             .add_service(raft_svc)
             .add_service(tf)
             .add_service(xla)

@@ -151,3 +151,34 @@ async fn blocking_calls_per_client_are_capped() {
         p.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_resource_exhausted_and_writes_nothing() {
+    use coord_proto::tensorflow::{
+        coordination_service_client::CoordinationServiceClient, InsertKeyValueRequest,
+        KeyValueEntry,
+    };
+    let c = cluster_with(&[]).await;
+    // Past the 64 MiB a replica decodes at most.
+    let mut raw = CoordinationServiceClient::connect(format!("http://{}", c.replica(1).grpc))
+        .await
+        .expect("connect")
+        .max_encoding_message_size(128 << 20);
+    let err = raw
+        .insert_key_value(InsertKeyValueRequest {
+            kv: Some(KeyValueEntry {
+                key: "huge".into(),
+                value: Bytes::from(vec![7u8; 65 << 20]),
+            }),
+            allow_overwrite: false,
+        })
+        .await
+        .expect_err("oversized");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("too large"), "{err:?}");
+    let cl = client(&c);
+    assert_eq!(cl.try_get("huge").await.expect("read"), None);
+    cl.insert("small", "fine", false)
+        .await
+        .expect("still serving");
+}
