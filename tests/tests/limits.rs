@@ -92,7 +92,8 @@ async fn a_client_over_its_request_rate_is_refused_and_others_are_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_calls_per_client_are_capped() {
-    let c = cluster_with(&["--max-blocking-calls-per-client", "3"]).await;
+    let mut c = cluster_with(&["--max-blocking-calls-per-client", "3"]).await;
+    let leader = c.wait_for_leader(TIMEOUT).await;
     let waiter = client(&c);
     let parked: Vec<_> = (0..3)
         .map(|i| {
@@ -100,24 +101,16 @@ async fn blocking_calls_per_client_are_capped() {
             tokio::spawn(async move { w.get(&format!("later/{i}")).await })
         })
         .collect();
-    // Once three are parked (on the leader, through whichever replica), a fourth is refused.
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let err = loop {
-        let w = waiter.clone();
-        let fourth =
-            tokio::time::timeout(
-                Duration::from_millis(500),
-                async move { w.get("later/3").await },
-            )
-            .await;
-        if let Ok(Err(e)) = fourth {
-            break e;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a fourth blocking call was never refused"
-        );
-    };
+    // Once the three are parked on the leader (through whichever replica), a fourth is refused.
+    c.wait_until(TIMEOUT, "three parked gets", |c| {
+        coord_tests::http::get(c.replica(leader).http, "/metrics")
+            .is_ok_and(|(_, m)| m.lines().any(|l| l == "coord_parked_calls 3"))
+    })
+    .await;
+    let err = tokio::time::timeout(TIMEOUT, waiter.get("later/3"))
+        .await
+        .expect("the fourth get was neither refused nor answered")
+        .expect_err("a fourth blocking call is refused");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(
         err.message().contains("3 blocking calls") && err.message().contains("GetKeyValue"),
