@@ -136,11 +136,6 @@ impl Limits {
             key,
         }))
     }
-
-    /// Clients tracked now (for tests and metrics).
-    pub fn tracked_clients(&self) -> usize {
-        self.lock().0.len()
-    }
 }
 
 #[cfg(test)]

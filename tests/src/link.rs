@@ -71,12 +71,17 @@ impl LinkWorker {
 
     /// The first line starting with `prefix`, waiting up to `timeout` for it.
     pub fn wait_line(&self, prefix: &str, timeout: Duration) -> Option<Line> {
+        self.wait_any(&[prefix], timeout)
+    }
+
+    /// The first line starting with any of `prefixes`, waiting up to `timeout` for one.
+    pub fn wait_any(&self, prefixes: &[&str], timeout: Duration) -> Option<Line> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(l) = self
                 .lines()
                 .into_iter()
-                .find(|(_, l)| l.starts_with(prefix))
+                .find(|(_, l)| prefixes.iter().any(|p| l.starts_with(p)))
             {
                 return Some(l);
             }

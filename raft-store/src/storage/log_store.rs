@@ -80,11 +80,6 @@ impl LogStore {
         self.inner.flusher.stats().clone()
     }
 
-    /// Number of segment files the log spans now.
-    pub fn segment_count(&self) -> usize {
-        self.inner.wal.segment_count()
-    }
-
     /// (last purged, last) log ids; `last` falls back to the purge point when the log is empty.
     pub(crate) fn log_bounds(&self) -> (Option<LogId>, Option<LogId>) {
         self.inner.wal.bounds()

@@ -168,13 +168,12 @@ pub struct ScanEnd {
 /// Largest record body accepted when reading back (a corrupt length must not allocate gigabytes).
 const MAX_RECORD: usize = 1 << 31;
 
-/// Reads the records of the segment at `path` in order, handing each one's offset, kind and payload
-/// to `visit`, and stops at the first record that is cut short or fails its checksum.
+/// Reads the records of a segment from its start, in order, handing each one's offset, kind and
+/// payload to `visit`, and stops at the first record that is cut short or fails its checksum.
 pub fn scan(
-    path: &Path,
+    file: &File,
     mut visit: impl FnMut(u64, Kind, &[u8]) -> Result<(), String>,
 ) -> io::Result<Result<ScanEnd, String>> {
-    let file = File::open(path)?;
     let file_len = file.metadata()?.len();
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut offset = 0u64;
@@ -250,7 +249,8 @@ mod tests {
         bytes.pop();
         std::fs::write(&path, &bytes).expect("write");
         let mut seen = Vec::new();
-        let end = scan(&path, |offset, kind, payload| {
+        let file = File::open(&path).expect("open");
+        let end = scan(&file, |offset, kind, payload| {
             seen.push((offset, kind, payload.to_vec()));
             Ok(())
         })
@@ -270,7 +270,8 @@ mod tests {
         // A flipped bit in the first record stops the scan at byte 0.
         bytes[RECORD_HEADER + 3] ^= 1;
         std::fs::write(&path, &bytes).expect("write");
-        let end = scan(&path, |_, _, _| Ok(())).expect("io").expect("visit");
+        let file = File::open(&path).expect("open");
+        let end = scan(&file, |_, _, _| Ok(())).expect("io").expect("visit");
         assert_eq!(end.valid_len, 0);
         assert!(end.damage.expect("damage").contains("checksum"));
     }

@@ -222,16 +222,16 @@ impl Wal {
         let mut discarded = None;
         let last = found.len().saturating_sub(1);
         for (i, (seq, path)) in found.iter().enumerate() {
-            let file = open_rw(path, false).map_err(|e| io_err("cannot open", path, e))?;
+            let file = Arc::new(open_rw(path, false).map_err(|e| io_err("cannot open", path, e))?);
             log.segments.insert(
                 *seq,
                 Segment {
                     path: path.clone(),
-                    file: Arc::new(file),
+                    file: file.clone(),
                     max_index: None,
                 },
             );
-            let end = segments::scan(path, |offset, kind, payload| {
+            let end = segments::scan(&file, |offset, kind, payload| {
                 log.replay(*seq, offset, kind, payload)
             })
             .map_err(|e| io_err("cannot read", path, e))?
@@ -501,6 +501,7 @@ impl Wal {
     }
 
     /// Number of segment files.
+    #[cfg(test)]
     pub(crate) fn segment_count(&self) -> usize {
         self.lock().segments.len()
     }
@@ -514,16 +515,7 @@ impl Wal {
     ) -> Result<Vec<Entry>, (u64, String)> {
         let locs: Vec<(Arc<File>, Loc)> = {
             let log = self.lock();
-            let start = match range.start_bound() {
-                Bound::Included(i) => Bound::Included(*i),
-                Bound::Excluded(i) => Bound::Excluded(*i),
-                Bound::Unbounded => Bound::Unbounded,
-            };
-            let end = match range.end_bound() {
-                Bound::Included(i) => Bound::Included(*i),
-                Bound::Excluded(i) => Bound::Excluded(*i),
-                Bound::Unbounded => Bound::Unbounded,
-            };
+            let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
             if matches!((start, end), (Bound::Included(s), Bound::Excluded(e)) if s >= e) {
                 return Ok(Vec::new());
             }

@@ -70,11 +70,12 @@ fn transfer(
     let (p, q) = (with("produce", "2"), with("consume", "1"));
     let _producer = LinkWorker::start(&c.endpoints(), 1, &strs(&p));
     let consumer = LinkWorker::start(&c.endpoints(), 2, &strs(&q));
-    if let Some((_, l)) = consumer.wait_line("RECV_ERROR", Duration::ZERO) {
-        return Err(l);
+    // A failed receive ends the consumer at once: report it rather than wait out the timeout.
+    match consumer.wait_any(&["DONE ", "RECV_ERROR"], TIMEOUT) {
+        Some((_, l)) if l.starts_with("RECV_ERROR") => Err(l),
+        Some(_) => Ok(consumer.done(Duration::ZERO)),
+        None => Err(format!("the consumer did not finish within {TIMEOUT:?}")),
     }
-    let stats = consumer.done(TIMEOUT);
-    Ok(stats)
 }
 
 /// Milliseconds from silencing a watched peer (by `signal`) to the watcher declaring it dead.
