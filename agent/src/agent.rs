@@ -46,6 +46,8 @@ pub struct AgentConfig {
     pub heartbeat_timeout: Duration,
     /// A call fails UNAVAILABLE only after no replica could serve it for this long.
     pub unavailable_after: Duration,
+    /// TLS toward the replicas (see [`crate::tls`]); `None` speaks plain gRPC.
+    pub tls: Option<coord_proto::tls::ClientTls>,
 }
 
 impl AgentConfig {
@@ -59,6 +61,7 @@ impl AgentConfig {
             heartbeat_interval: Duration::from_secs(5),
             heartbeat_timeout: Duration::from_secs(10),
             unavailable_after: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -139,6 +142,7 @@ impl Agent {
     ) -> Result<Self, Status> {
         let mut options = ClientOptions::new(config.endpoints.clone());
         options.unavailable_after = config.unavailable_after;
+        options.tls = config.tls.clone();
         let client = CoordClient::new(options)?;
         let task = tf::CoordinatedTask {
             job_name: config.job.clone(),

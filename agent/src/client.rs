@@ -26,7 +26,7 @@ use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 mod admin;
@@ -47,6 +47,8 @@ pub struct ClientOptions {
     /// the client gives up on that replica and sends the same request to the next one. A replica
     /// behind a one-way partition may accept a call and never answer it.
     pub attempt_timeout: Duration,
+    /// TLS toward the replicas; `None` speaks plain gRPC.
+    pub tls: Option<coord_proto::tls::ClientTls>,
 }
 
 impl ClientOptions {
@@ -56,6 +58,7 @@ impl ClientOptions {
             unavailable_after: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(500),
             attempt_timeout: Duration::from_secs(2),
+            tls: None,
         }
     }
 }
@@ -84,7 +87,7 @@ impl CoordClient {
             .endpoints
             .iter()
             .map(|addr| {
-                Endpoint::from_shared(format!("http://{addr}"))
+                coord_proto::tls::endpoint(addr, options.tls.as_ref())
                     .map(|e| {
                         e.connect_timeout(options.connect_timeout)
                             .tcp_nodelay(true)
@@ -93,7 +96,7 @@ impl CoordClient {
                             .keep_alive_while_idle(true)
                             .connect_lazy()
                     })
-                    .map_err(|e| Status::invalid_argument(format!("bad endpoint {addr:?}: {e}")))
+                    .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -555,7 +558,7 @@ impl CoordClient {
                     self.inner.options.unavailable_after,
                     self.inner.endpoints.join(", "),
                     self.inner.endpoints[at],
-                    status.message()
+                    describe(&status)
                 )));
             }
             match status
@@ -586,4 +589,21 @@ fn tf_client(ch: Channel) -> CoordinationServiceClient<Channel> {
 /// because mutations carry their request id.
 fn retryable(s: &Status) -> bool {
     coord_proto::metadata::is_retryable(s)
+}
+
+/// A status's message with the chain of errors behind it: a connection failure says only
+/// "transport error" on its own, the reason (a refused certificate, a closed connection) is in
+/// its sources.
+fn describe(status: &Status) -> String {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = e.source();
+    }
+    text
 }

@@ -12,6 +12,7 @@
 //! - [`rendezvous`]: TensorFlow's RendezvousMgr (seed 001) over direct worker links, with peer
 //!   heartbeats on the same links.
 //! - [`data`]: the tf.data data plane: the data worker and the consumer of the dispatcher's jobs.
+//! - [`tls`]: the TLS flags every program of this crate reads.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
 //!   once and a caller sees an error only when no replica could serve it for a configurable time.
@@ -22,6 +23,7 @@ pub mod client;
 pub mod data;
 pub mod preemption;
 pub mod rendezvous;
+pub mod tls;
 pub mod watch;
 pub mod xla_proxy;
 

@@ -14,6 +14,7 @@
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
 //! - [`fuzz`]: the deterministic random stream of the fuzz tests.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
+//! - [`tls`]: TLS configurations and the identities certificates carry.
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
 
@@ -59,3 +60,4 @@ pub mod codec;
 pub mod dataset;
 pub mod fuzz;
 pub mod metadata;
+pub mod tls;

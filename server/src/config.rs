@@ -161,6 +161,36 @@ pub struct Args {
     /// /readyz fails while this replica is more entries than this behind the leader.
     #[arg(long, default_value_t = 1_000)]
     pub ready_max_lag: u64,
+
+    /// This replica's certificate (PEM, leaf first). With --tls-key and --tls-ca the gRPC port
+    /// speaks TLS only, replicas accept Raft traffic only from each other, and callers'
+    /// certificates are checked (see --tls-client-auth). Its alternative names hold
+    /// `coord://<cluster-token>/replica/<id>` and the host name or address clients and peers
+    /// reach it by. It is also the certificate this replica presents to its peers.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"], env = "COORD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires_all = ["tls_cert", "tls_ca"], env = "COORD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// The ensemble's CA certificate (PEM): peers, tasks and operators present certificates it
+    /// signed, and peers' servers are checked against it.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"], env = "COORD_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// With TLS: `optional` lets callers connect without a certificate (a caller that presents
+    /// one is held to its identity: a task may act only as itself); `require` refuses them at
+    /// the handshake. Raft traffic always needs a replica certificate.
+    #[arg(long, value_enum, default_value_t = ClientAuthArg::Optional, env = "COORD_TLS_CLIENT_AUTH")]
+    pub tls_client_auth: ClientAuthArg,
+}
+
+/// `--tls-client-auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientAuthArg {
+    Optional,
+    Require,
 }
 
 /// `--initial-cluster`: replica id → address.

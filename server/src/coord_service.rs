@@ -35,6 +35,16 @@ impl Coordination for CoordService {
         &self,
         req: Request<pb::PollForErrorRequest>,
     ) -> Result<Response<pb::PollForErrorResponse>, Status> {
+        if let Some(t) = &req.get_ref().task {
+            let check = self.router.authz().acting_as(
+                &req,
+                "PollForError",
+                "task",
+                &t.job_name,
+                i64::from(t.task_id),
+            );
+            self.router.checked("PollForError", check)?;
+        }
         let core = &*self.core;
         self.router
             .route(

@@ -35,8 +35,8 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
     let state = Arc::new(HttpState {
-        replica,
-        peers: PeerChannels::default(),
+        replica: replica.clone(),
+        peers: replica.peer_channels(),
     });
     let app = axum::Router::new()
         .route("/livez", get(livez))

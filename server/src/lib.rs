@@ -21,9 +21,11 @@
 //! - [`membership`]: adding and removing replicas at runtime, refused when quorum would be lost.
 //! - [`http`], [`status`], [`metrics`]: `/livez`, `/readyz`, `/status`, `/metrics`, admin RPC.
 //! - [`error`]: the error type and its single mapping to gRPC status codes.
+//! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do.
 //! - [`tasks`]: ownership of background loops.
 
 pub mod apply_hub;
+pub mod authz;
 pub mod barrier_timer;
 pub mod cluster_init;
 pub mod config;
@@ -54,6 +56,7 @@ pub mod route;
 pub mod status;
 pub mod tasks;
 pub mod tf_service;
+pub mod tls;
 pub mod watch_hub;
 pub mod wire;
 pub mod xla_errors;

@@ -67,12 +67,8 @@ async fn report_catch_up(raft: Raft, id: NodeId) {
 }
 
 impl MembershipAdmin {
-    pub fn new(raft: Raft, me: NodeId, source: Option<std::net::IpAddr>) -> Self {
-        Self {
-            raft,
-            me,
-            channels: PeerChannels::new(source),
-        }
+    pub fn new(raft: Raft, me: NodeId, channels: PeerChannels) -> Self {
+        Self { raft, me, channels }
     }
 
     /// Current voters and all nodes, from this (leader) replica's view.

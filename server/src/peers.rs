@@ -8,25 +8,28 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use coord_proto::tls::ClientTls;
+use tonic::transport::Channel;
 
 /// Largest message exchanged between replicas (AppendEntries batches, snapshot chunks, forwarded
 /// requests with their values).
 pub const PEER_MESSAGE_LIMIT: usize = 64 << 20;
 
-#[derive(Default)]
 pub struct PeerChannels {
     channels: Mutex<HashMap<String, Channel>>,
     /// The local address outgoing connections bind to (`--peer-source-ip`); `None` lets the
     /// system choose.
     source: Option<std::net::IpAddr>,
+    /// The replica's TLS client configuration (`--tls-*`); `None` for plain gRPC.
+    tls: Option<ClientTls>,
 }
 
 impl PeerChannels {
-    pub fn new(source: Option<std::net::IpAddr>) -> Self {
+    pub fn new(source: Option<std::net::IpAddr>, tls: Option<ClientTls>) -> Self {
         Self {
             channels: Mutex::new(HashMap::new()),
             source,
+            tls,
         }
     }
 
@@ -39,8 +42,8 @@ impl PeerChannels {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+        let channel = coord_proto::tls::endpoint(addr, self.tls.as_ref())
+            .map_err(|e| format!("peer {addr}: {e}"))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
             // A peer that stops answering (a one-way partition, a frozen process) is noticed

@@ -34,10 +34,14 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn new(cluster_id: u64, source: Option<std::net::IpAddr>) -> Self {
+    pub fn new(
+        cluster_id: u64,
+        source: Option<std::net::IpAddr>,
+        tls: Option<coord_proto::tls::ClientTls>,
+    ) -> Self {
         Self {
             cluster_id,
-            channels: Arc::new(PeerChannels::new(source)),
+            channels: Arc::new(PeerChannels::new(source, tls)),
         }
     }
 }

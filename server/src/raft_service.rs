@@ -1,5 +1,6 @@
 //! The receiving side of the Raft transport: decodes openraft messages and hands them to the local
-//! Raft node. Traffic stamped with another ensemble's cluster id is refused.
+//! Raft node. Traffic stamped with another ensemble's cluster id is refused, and so, over TLS, is
+//! traffic from any certificate but a replica's of this ensemble.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use crate::authz::Authz;
 use crate::election::LeaderContact;
 
 pub struct RaftService {
@@ -23,6 +25,8 @@ pub struct RaftService {
     contact: Arc<LeaderContact>,
     /// When the last snapshot-transfer progress line was logged.
     snapshot_progress: Mutex<Option<Instant>>,
+    /// Over TLS, only replicas of this ensemble may send Raft traffic.
+    authz: Authz,
 }
 
 /// How long after a snapshot chunk the next one may take before the leader counts as silent
@@ -33,12 +37,13 @@ const SNAPSHOT_CHUNK_GRACE: Duration = Duration::from_secs(10);
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 impl RaftService {
-    pub fn new(raft: Raft, cluster_id: u64, contact: Arc<LeaderContact>) -> Self {
+    pub fn new(raft: Raft, cluster_id: u64, contact: Arc<LeaderContact>, authz: Authz) -> Self {
         Self {
             raft,
             cluster_id,
             contact,
             snapshot_progress: Mutex::new(None),
+            authz,
         }
     }
 
@@ -64,6 +69,7 @@ impl RaftService {
     }
 
     fn decode<T: DeserializeOwned>(&self, req: Request<RaftRequest>) -> Result<T, Status> {
+        self.authz.replicas_only(&req, "Raft traffic")?;
         let req = req.into_inner();
         if req.cluster_id != self.cluster_id {
             return Err(Status::permission_denied(format!(

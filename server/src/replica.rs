@@ -30,7 +30,7 @@ use crate::identity::{self, IdentityError};
 use crate::kv::{KvCore, Limits};
 use crate::leader::{LeaderWatch, StartFloor};
 use crate::metrics::Metrics;
-use crate::peers::PEER_MESSAGE_LIMIT;
+use crate::peers::{PeerChannels, PEER_MESSAGE_LIMIT};
 use crate::proposer::Proposer;
 use crate::raft_network::Network;
 use crate::raft_service::RaftService;
@@ -66,6 +66,8 @@ pub enum StartError {
     },
     #[error("cannot start Raft: {0}")]
     Raft(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// How long a stopping replica lets connected clients finish before it closes their connections.
@@ -93,6 +95,11 @@ pub struct Replica {
     _tasks: TaskGuard,
     /// The runtime the Raft core runs on (see `open`); shut down after Raft stops.
     raft_runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
+    /// The gRPC port's TLS (`--tls-*`); `None` serves plain gRPC.
+    server_tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// How this replica connects to its peers over TLS.
+    peer_tls: Option<coord_proto::tls::ClientTls>,
+    pub authz: crate::authz::Authz,
 }
 
 fn raft_config(args: &Args) -> Result<Config, StartError> {
@@ -152,6 +159,12 @@ impl Replica {
     /// Opens the data directory and starts the Raft node (not yet serving).
     pub async fn open(args: Args) -> Result<Self, StartError> {
         args.validate().map_err(StartError::Config)?;
+        let tls = crate::tls::from_args(&args).map_err(StartError::Tls)?;
+        let authz = crate::authz::Authz::new(tls.is_some(), &args.cluster_token);
+        let (server_tls, peer_tls) = match tls {
+            Some(t) => (Some(t.server), Some(t.client)),
+            None => (None, None),
+        };
         let cluster_id = args.initial_cluster.cluster_id(&args.cluster_token);
         let hub = ApplyHub::new();
         let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
@@ -181,11 +194,9 @@ impl Replica {
             .map_err(|e| StartError::Raft(format!("cannot start the Raft runtime: {e}")))?;
         let config = Arc::new(raft_config(&args)?);
         let id = args.id;
-        let peer_source = args.peer_source_ip;
+        let network = Network::new(cluster_id, args.peer_source_ip, peer_tls.clone());
         let raft = raft_runtime
-            .spawn(async move {
-                Raft::new(id, config, Network::new(cluster_id, peer_source), log, sm).await
-            })
+            .spawn(async move { Raft::new(id, config, network, log, sm).await })
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?
             .map_err(|e| StartError::Raft(e.to_string()))?;
@@ -211,11 +222,12 @@ impl Replica {
             leader.clone(),
             args.leader_wait(),
             metrics.clone(),
-            args.peer_source_ip,
+            PeerChannels::new(args.peer_source_ip, peer_tls.clone()),
             crate::limits::Limits::new(crate::limits::LimitConfig {
                 requests_per_second: args.max_requests_per_second_per_client,
                 blocking_calls: args.max_blocking_calls_per_client,
             }),
+            authz.clone(),
         ));
         let kv = Arc::new(KvCore {
             proposer: proposer.clone(),
@@ -300,6 +312,9 @@ impl Replica {
             pristine: at_start.pristine,
             _tasks: tasks,
             raft_runtime: std::sync::Mutex::new(Some(raft_runtime)),
+            server_tls,
+            peer_tls,
+            authz,
         })
     }
 
@@ -346,6 +361,7 @@ impl Replica {
             this.raft.clone(),
             this.cluster_id,
             this.contact.clone(),
+            this.authz.clone(),
         ))
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
@@ -356,7 +372,7 @@ impl Replica {
             crate::membership::MembershipAdmin::new(
                 this.raft.clone(),
                 this.args.id,
-                this.args.peer_source_ip,
+                this.peer_channels(),
             ),
         ));
         let coordination =
@@ -377,7 +393,6 @@ impl Replica {
         ))
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
-        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let grpc_server = tonic::transport::Server::builder()
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20))
@@ -390,9 +405,17 @@ impl Replica {
             .add_service(admin)
             .add_service(coordination)
             .add_service(kv_svc)
-            .add_service(dispatcher)
-            .serve_with_incoming_shutdown(incoming, stopped());
-        let grpc_task = tokio::spawn(grpc_server);
+            .add_service(dispatcher);
+        let grpc_task = match this.server_tls.clone() {
+            Some(tls) => tokio::spawn(
+                grpc_server
+                    .serve_with_incoming_shutdown(crate::tls::incoming(grpc, tls), stopped()),
+            ),
+            None => tokio::spawn(grpc_server.serve_with_incoming_shutdown(
+                TcpIncoming::from(grpc).with_nodelay(Some(true)),
+                stopped(),
+            )),
+        };
         let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));
 
         if this.pristine && !this.args.join {
@@ -459,6 +482,11 @@ impl Replica {
             // Another replica got there first and this one already has its entry.
             Err(e) => tracing::info!(reason = %e, "not bootstrapping"),
         }
+    }
+
+    /// Channels to the other replicas, with this replica's source address and TLS.
+    pub fn peer_channels(&self) -> PeerChannels {
+        PeerChannels::new(self.args.peer_source_ip, self.peer_tls.clone())
     }
 
     pub fn status(&self) -> status::ReplicaStatus {

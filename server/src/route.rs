@@ -37,6 +37,17 @@ pub enum Kind {
     Write,
 }
 
+/// How one call is driven (see [`Router::route`]).
+struct Call {
+    kind: Kind,
+    /// It may wait on the service for long (a barrier, a blocking get).
+    waits: bool,
+    /// jaxlib's: held rather than failed UNAVAILABLE.
+    patient: bool,
+    /// Another replica admitted it and forwarded it here.
+    forwarded: bool,
+}
+
 pub struct Router {
     me: u64,
     leader: LeaderWatch,
@@ -45,6 +56,7 @@ pub struct Router {
     leader_wait: Duration,
     metrics: Arc<Metrics>,
     limits: Arc<Limits>,
+    authz: crate::authz::Authz,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -66,18 +78,34 @@ impl Router {
         leader: LeaderWatch,
         leader_wait: Duration,
         metrics: Arc<Metrics>,
-        source: Option<std::net::IpAddr>,
+        channels: PeerChannels,
         limits: Arc<Limits>,
+        authz: crate::authz::Authz,
     ) -> Self {
         Self {
             me,
             leader,
-            channels: PeerChannels::new(source),
+            channels,
             session: request_id::local_session(),
             leader_wait,
             metrics,
             limits,
+            authz,
         }
+    }
+
+    /// Who may do what on this replica.
+    pub fn authz(&self) -> &crate::authz::Authz {
+        &self.authz
+    }
+
+    /// Passes on the outcome of an authorization check of `method`, counting a refusal in the
+    /// metrics as a call that ended with its code.
+    pub fn checked(&self, method: &'static str, check: Result<(), Status>) -> Result<(), Status> {
+        if let Err(s) = &check {
+            self.metrics.record_rpc(method, s.code(), Duration::ZERO);
+        }
+        check
     }
 
     pub fn leadership(&self) -> Leadership {
@@ -102,8 +130,12 @@ impl Router {
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = std::time::Instant::now();
+        // A forward is a call another replica already admitted and checked. Over TLS the mark
+        // counts only from a replica's certificate; a client setting it gains nothing.
+        let forwarded =
+            req.metadata().contains_key(FORWARDED_HEADER) && self.authz.from_replica(&req);
         // Admitted where it entered the ensemble: a forward from another replica passes.
-        let _permit = if req.metadata().contains_key(FORWARDED_HEADER) {
+        let _permit = if forwarded {
             None
         } else {
             match self
@@ -122,16 +154,13 @@ impl Router {
             && !req
                 .metadata()
                 .contains_key(coord_proto::metadata::FAILS_OVER);
-        let result = self
-            .drive(
-                kind,
-                waits_on_the_service(method),
-                patient,
-                req,
-                local,
-                remote,
-            )
-            .await;
+        let call = Call {
+            kind,
+            waits: waits_on_the_service(method),
+            patient,
+            forwarded,
+        };
+        let result = self.drive(call, req, local, remote).await;
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record_rpc(method, code, started.elapsed());
         result.map(Response::new)
@@ -139,9 +168,7 @@ impl Router {
 
     async fn drive<Req, Resp, L, LF, R, RF>(
         &self,
-        kind: Kind,
-        waits: bool,
-        patient: bool,
+        call: Call,
         req: Request<Req>,
         local: L,
         remote: R,
@@ -153,7 +180,12 @@ impl Router {
         R: Fn(Channel, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let forwarded = req.metadata().contains_key(FORWARDED_HEADER);
+        let Call {
+            kind,
+            waits,
+            patient,
+            forwarded,
+        } = call;
         let given_id = match kind {
             Kind::Write => request_id::from_metadata(req.metadata())?,
             Kind::Read => None,

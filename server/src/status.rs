@@ -131,6 +131,16 @@ impl AdminService {
         }
     }
 
+    /// Over TLS, refuses a task's certificate: `method` is for operators.
+    fn not_a_task<T>(
+        &self,
+        req: &tonic::Request<T>,
+        method: &'static str,
+    ) -> Result<(), tonic::Status> {
+        let check = self.router.authz().not_a_task(req, method);
+        self.router.checked(method, check)
+    }
+
     /// The membership as this replica sees it (after a change, on the leader: the new one).
     fn members(&self) -> pb::MembershipReply {
         pb::MembershipReply {
@@ -224,8 +234,9 @@ impl pb::admin_server::Admin for AdminService {
     /// Not routed: every replica snapshots its own state.
     async fn snapshot(
         &self,
-        _: tonic::Request<pb::SnapshotRequest>,
+        req: tonic::Request<pb::SnapshotRequest>,
     ) -> Result<tonic::Response<pb::SnapshotReply>, tonic::Status> {
+        self.not_a_task(&req, "Snapshot")?;
         let applied = ReplicaStatus::of(&self.raft).last_applied;
         self.raft
             .trigger()
@@ -254,6 +265,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: tonic::Request<pb::AddMemberRequest>,
     ) -> Result<tonic::Response<pb::MembershipReply>, tonic::Status> {
+        self.not_a_task(&req, "AddMember")?;
         let this = self;
         self.router
             .route(
@@ -273,6 +285,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: tonic::Request<pb::RemoveMemberRequest>,
     ) -> Result<tonic::Response<pb::MembershipReply>, tonic::Status> {
+        self.not_a_task(&req, "RemoveMember")?;
         let this = self;
         self.router
             .route(
@@ -296,6 +309,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: tonic::Request<pb::ShutdownServiceRequest>,
     ) -> Result<tonic::Response<pb::ShutdownServiceReply>, tonic::Status> {
+        self.not_a_task(&req, "ShutdownService")?;
         let core = &*self.core;
         self.router
             .route(

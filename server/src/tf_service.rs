@@ -44,6 +44,24 @@ impl TfService {
         }
     }
 
+    /// Over TLS, a task's certificate acts only as its own task (see `authz`).
+    fn acting_as<T>(
+        &self,
+        req: &Request<T>,
+        method: &'static str,
+        field: &str,
+        task: Option<&tf::CoordinatedTask>,
+    ) -> Result<(), Status> {
+        let Some(t) = task else {
+            return Ok(());
+        };
+        let check =
+            self.router
+                .authz()
+                .acting_as(req, method, field, &t.job_name, i64::from(t.task_id));
+        self.router.checked(method, check)
+    }
+
     fn cluster_devices(
         &self,
         mine: &DeviceInfo,
@@ -83,6 +101,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::RegisterTaskRequest>,
     ) -> Result<Response<tf::RegisterTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "RegisterTask",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(
@@ -103,6 +127,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::HeartbeatRequest>,
     ) -> Result<Response<tf::HeartbeatResponse>, Status> {
+        self.acting_as(
+            &req,
+            "Heartbeat",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(
@@ -123,6 +153,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::WaitForAllTasksRequest>,
     ) -> Result<Response<tf::WaitForAllTasksResponse>, Status> {
+        self.acting_as(
+            &req,
+            "WaitForAllTasks",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         let this = self;
         self.router
@@ -149,6 +185,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::ShutdownTaskRequest>,
     ) -> Result<Response<tf::ShutdownTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "ShutdownTask",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(
@@ -171,6 +213,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::ResetTaskRequest>,
     ) -> Result<Response<tf::ResetTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "ResetTask",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(
@@ -202,6 +250,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::ReportErrorToServiceRequest>,
     ) -> Result<Response<tf::ReportErrorToServiceResponse>, Status> {
+        self.acting_as(
+            &req,
+            "ReportErrorToService",
+            "error_origin",
+            req.get_ref().error_origin.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(
@@ -330,6 +384,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::BarrierRequest>,
     ) -> Result<Response<tf::BarrierResponse>, Status> {
+        self.acting_as(
+            &req,
+            "Barrier",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(
@@ -360,6 +420,12 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::CancelBarrierRequest>,
     ) -> Result<Response<tf::CancelBarrierResponse>, Status> {
+        self.acting_as(
+            &req,
+            "CancelBarrier",
+            "source_task",
+            req.get_ref().source_task.as_ref(),
+        )?;
         let core = &*self.coord;
         self.router
             .route(

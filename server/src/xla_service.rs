@@ -109,6 +109,22 @@ impl XlaService {
         task_of(&job, n, id, field)
     }
 
+    /// Over TLS, a task's certificate acts only as its own task (see `authz`): `id` is the XLA
+    /// task id the request names in `field`.
+    fn acting_as<T>(
+        &self,
+        req: &Request<T>,
+        method: &'static str,
+        field: &str,
+        id: i32,
+    ) -> Result<(), Status> {
+        let check = self.router.authz().acting_as_with(req, method, field, || {
+            let (job, _) = self.job().map_err(Status::from)?;
+            Ok((job, i64::from(id)))
+        });
+        self.router.checked(method, check)
+    }
+
     /// Every task of `ids` (the job read once for all of them).
     fn tasks(&self, ids: &[i32], field: &str) -> Result<Vec<TaskName>, CoordError> {
         let (job, n) = self.job()?;
@@ -156,6 +172,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::RegisterTaskRequest>,
     ) -> Result<Response<xla::RegisterTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/RegisterTask",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -184,6 +206,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::HeartbeatRequest>,
     ) -> Result<Response<xla::HeartbeatResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/Heartbeat",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -213,6 +241,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::ShutdownTaskRequest>,
     ) -> Result<Response<xla::ShutdownTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/ShutdownTask",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -434,6 +468,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::BarrierRequest>,
     ) -> Result<Response<xla::BarrierResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/Barrier",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -471,6 +511,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::CancelBarrierRequest>,
     ) -> Result<Response<xla::CancelBarrierResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/CancelBarrier",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -500,6 +546,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::GetAliveTasksRequest>,
     ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/GetAliveTasks",
+            "requesting_task_id",
+            req.get_ref().requesting_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -527,6 +579,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::PollForErrorRequest>,
     ) -> Result<Response<xla::PollForErrorResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/PollForError",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(
@@ -551,6 +609,12 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::ReportErrorToServiceRequest>,
     ) -> Result<Response<xla::ReportErrorToServiceResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/ReportErrorToService",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
         let this = self;
         self.router
             .route(

@@ -8,7 +8,9 @@ entries of its own.
 
 import json
 import multiprocessing as mp
+import queue
 import sys
+import time
 
 
 def run_tasks(target, args, n, timeout=600, exit_lines=True):
@@ -18,11 +20,20 @@ def run_tasks(target, args, n, timeout=600, exit_lines=True):
     for p in procs:
         p.start()
     reports = []
-    for _ in procs:
+    deadline = time.monotonic() + timeout
+    while len(reports) < n and time.monotonic() < deadline:
         try:
-            reports.append(out.get(timeout=timeout))
-        except Exception:  # noqa: BLE001 - a process that died sends nothing
-            break
+            reports.append(out.get(timeout=1))
+        except queue.Empty:
+            # A process that died (jaxlib ends a process on a fatal error) sends nothing: once
+            # none is left, what they sent has arrived.
+            if not any(p.is_alive() for p in procs):
+                try:
+                    while len(reports) < n:
+                        reports.append(out.get(timeout=1))
+                except queue.Empty:
+                    pass
+                break
     for p in procs:
         p.join(timeout=60)
     entries = []

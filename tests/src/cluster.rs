@@ -37,6 +37,9 @@ pub struct ClusterOptions {
     pub log_filter: String,
     /// Put a [`NetProxy`] between the replicas so that tests can cut links.
     pub proxied: bool,
+    /// Serve TLS: a test CA and replica certificates are made in the cluster's directory (see
+    /// [`Cluster::pki`]).
+    pub tls: bool,
 }
 
 impl Default for ClusterOptions {
@@ -46,6 +49,7 @@ impl Default for ClusterOptions {
             extra_args: Vec::new(),
             log_filter: "info,openraft=warn,h2=warn".into(),
             proxied: false,
+            tls: false,
         }
     }
 }
@@ -71,6 +75,7 @@ pub struct Cluster {
     initial_cluster: String,
     options: ClusterOptions,
     proxy: Option<NetProxy>,
+    pki: Option<crate::certs::TestPki>,
 }
 
 /// The `coordinator` binary of this workspace, built if needed (once per test process).
@@ -217,6 +222,10 @@ impl Cluster {
                 Err(e) => panic!("start the network proxies: {e}"),
             }
         };
+        let pki = options.tls.then(|| {
+            let ids: Vec<u64> = replicas.iter().map(|r| r.id).collect();
+            crate::certs::TestPki::new(&root.join("certs"), "coord", &ids)
+        });
         let mut c = Self {
             dir: Some(dir),
             root,
@@ -224,6 +233,7 @@ impl Cluster {
             initial_cluster,
             options,
             proxy,
+            pki,
         };
         for id in c.ids() {
             c.spawn(id);
@@ -289,6 +299,9 @@ impl Cluster {
             joining: true,
             child: None,
         });
+        if let Some(pki) = &self.pki {
+            pki.issue(&pki.replica(id));
+        }
         self.spawn(id);
         id
     }
@@ -353,8 +366,18 @@ impl Cluster {
         if r.joining {
             args.push("--join".into());
         }
+        if let Some(pki) = &self.pki {
+            args.extend(pki.replica_args(id));
+        }
         args.extend(self.options.extra_args.iter().cloned());
         args
+    }
+
+    /// The certificates of a TLS cluster.
+    pub fn pki(&self) -> &crate::certs::TestPki {
+        self.pki
+            .as_ref()
+            .expect("the cluster was started without TLS")
     }
 
     /// The network between the replicas (only for a proxied cluster).

@@ -32,6 +32,10 @@ pub struct Compose {
     pub project: String,
     pub image: String,
     file: PathBuf,
+    /// Override files after `deploy/compose.yaml` (e.g. `deploy/compose.tls.yaml`).
+    overrides: Vec<PathBuf>,
+    /// Variables for the compose files.
+    env: Vec<(String, String)>,
     /// Host ports: gRPC and HTTP of replicas 1..=4.
     grpc: Vec<u16>,
     http: Vec<u16>,
@@ -58,6 +62,11 @@ fn run(cmd: &mut Command) -> Output {
 impl Compose {
     /// Builds the image from this profile's binaries and starts replicas 1–3.
     pub fn up() -> Compose {
+        Self::up_with(&[], &[])
+    }
+
+    /// [`Compose::up`] with override files (under `deploy/`) and variables for them.
+    pub fn up_with(overrides: &[&str], env: &[(&str, &str)]) -> Compose {
         for (pkg, bin) in [
             ("coord-server", "coordinator"),
             ("coord-agent", "coordctl"),
@@ -78,6 +87,14 @@ impl Compose {
             project: tag,
             image,
             file: workspace().join("deploy/compose.yaml"),
+            overrides: overrides
+                .iter()
+                .map(|f| workspace().join("deploy").join(f))
+                .collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             grpc: ports[..4].to_vec(),
             http: ports[4..].to_vec(),
         };
@@ -88,12 +105,13 @@ impl Compose {
 
     fn compose(&self) -> Command {
         let mut cmd = Command::new("docker-compose");
-        cmd.arg("-p")
-            .arg(&self.project)
-            .arg("-f")
-            .arg(&self.file)
-            .args(["--profile", "join"])
-            .env("COORD_IMAGE", &self.image);
+        cmd.arg("-p").arg(&self.project).arg("-f").arg(&self.file);
+        for f in &self.overrides {
+            cmd.arg("-f").arg(f);
+        }
+        cmd.args(["--profile", "join"])
+            .env("COORD_IMAGE", &self.image)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         for i in 0..4 {
             cmd.env(format!("COORD{}_GRPC", i + 1), self.grpc[i].to_string());
             cmd.env(format!("COORD{}_HTTP", i + 1), self.http[i].to_string());
@@ -134,13 +152,9 @@ impl Compose {
 
     /// The last lines of every replica's log, for a failing test.
     pub fn logs(&self) -> String {
-        let out = Command::new("docker-compose")
-            .arg("-p")
-            .arg(&self.project)
-            .arg("-f")
-            .arg(&self.file)
-            .args(["--profile", "join", "logs", "--no-color", "--tail", "40"])
-            .env("COORD_IMAGE", &self.image)
+        let out = self
+            .compose()
+            .args(["logs", "--no-color", "--tail", "40"])
             .output();
         out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()

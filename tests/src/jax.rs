@@ -94,6 +94,11 @@ pub struct Sidecar {
 
 impl Sidecar {
     pub fn start(endpoints: &[String]) -> Sidecar {
+        Self::start_with(endpoints, &[])
+    }
+
+    /// A sidecar with extra flags (e.g. `--tls-ca`, `--tls-cert`, `--tls-key`).
+    pub fn start_with(endpoints: &[String], extra: &[String]) -> Sidecar {
         let bin = workspace_binary("coord-agent", "coord-proxy", Some("COORD_PROXY_BIN"));
         let port = free_ports(1)[0];
         let addr = format!("127.0.0.1:{port}");
@@ -102,6 +107,7 @@ impl Sidecar {
             .arg(&addr)
             .arg("--coordinators")
             .arg(endpoints.join(","))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

@@ -19,6 +19,7 @@
 //!   etcd 3.4).
 
 pub mod bench;
+pub mod certs;
 pub mod chaos;
 pub mod cli;
 pub mod cluster;

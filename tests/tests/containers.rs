@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_agent::{ClientOptions, CoordClient};
+use coord_tests::certs::TestPki;
 use coord_tests::cluster::StatusView;
 use coord_tests::compose::{self, Compose};
 use coord_tests::http;
@@ -32,6 +33,18 @@ async fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
             "timed out after {timeout:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every replica of `ids` is ready.
+async fn all_ready(c: &Compose, ids: &[u64]) {
+    for &id in ids {
+        wait(
+            &format!("replica {id} ready"),
+            Duration::from_secs(120),
+            || ready(c, id),
+        )
+        .await;
     }
 }
 
@@ -78,14 +91,7 @@ async fn compose_ensemble_survives_kills_partitions_restarts_and_membership_chan
     }
     let c = Compose::up();
     let originals = [1, 2, 3];
-    for id in originals {
-        wait(
-            &format!("replica {id} ready"),
-            Duration::from_secs(120),
-            || ready(&c, id),
-        )
-        .await;
-    }
+    all_ready(&c, &originals).await;
     let endpoints: Vec<String> = (1..=4).map(|i| c.grpc(i)).collect();
     let client = CoordClient::new(ClientOptions::new(endpoints.clone())).expect("client");
 
@@ -208,4 +214,89 @@ async fn compose_ensemble_survives_kills_partitions_restarts_and_membership_chan
         let s = status(&c, i).expect("status");
         assert_eq!(s.leader_id, Some(leader), "replica {i}: {s:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_ensemble_over_tls_requires_certificates_and_survives_a_leader_kill() {
+    if let Some(why) = compose::unavailable() {
+        eprintln!("SKIPPED compose_ensemble_over_tls_requires_certificates_and_survives_a_leader_kill: {why}");
+        return;
+    }
+    // Replicas' certificates name the host their peers reach them by and the one the test uses.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = TestPki::new(dir.path(), "coord", &[]);
+    for id in 1..=4 {
+        pki.issue_for(
+            &pki.replica(id),
+            &[format!("coord{id}"), "127.0.0.1".into()],
+        );
+    }
+    let ops = pki.client_identity("ops");
+    let operator_tls = pki.client(Some(&ops));
+    // The replicas run as uid 10001 and read their keys from the mount.
+    let readable = |path: &std::path::Path, mode| {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    };
+    readable(dir.path(), 0o755);
+    for entry in std::fs::read_dir(dir.path()).expect("certs") {
+        readable(&entry.expect("entry").path(), 0o644);
+    }
+    let certs = dir.path().display().to_string();
+    let c = Compose::up_with(
+        &["compose.tls.yaml"],
+        &[
+            ("COORD_CERTS", &certs),
+            ("COORD_TLS_CLIENT_AUTH", "require"),
+        ],
+    );
+    let originals = [1, 2, 3];
+    all_ready(&c, &originals).await;
+    let endpoints: Vec<String> = originals.iter().map(|&i| c.grpc(i)).collect();
+    let mut options = ClientOptions::new(endpoints.clone());
+    options.tls = Some(operator_tls);
+    let client = CoordClient::new(options).expect("client");
+    for i in 0..20 {
+        client
+            .insert(&format!("before/{i}"), "v", false)
+            .await
+            .expect("insert over TLS");
+    }
+    // Without a certificate nothing gets through.
+    let mut anonymous = ClientOptions::new(endpoints);
+    anonymous.tls = Some(pki.client(None));
+    anonymous.unavailable_after = Duration::from_secs(2);
+    let err = CoordClient::new(anonymous)
+        .expect("client")
+        .insert("anonymous", "v", false)
+        .await
+        .expect_err("a client without a certificate was served");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    let logs = c.logs();
+    assert!(
+        logs.contains("TLS handshake refused") && logs.contains("no certificates"),
+        "no replica logged the refused handshake:\n{logs}"
+    );
+    // The leader's container dies; its peers elect a new leader over TLS; it comes back.
+    let leader = agreed_leader(&c, &originals).await;
+    c.docker_ok(&["kill", &c.container(leader)]);
+    let rest: Vec<u64> = originals.into_iter().filter(|&i| i != leader).collect();
+    let new_leader = agreed_leader(&c, &rest).await;
+    assert_ne!(new_leader, leader);
+    for i in 0..20 {
+        client
+            .insert(&format!("after/{i}"), "v", false)
+            .await
+            .expect("insert after the leader's death");
+    }
+    c.docker_ok(&["start", &c.container(leader)]);
+    wait(
+        "the killed replica ready again",
+        Duration::from_secs(120),
+        || ready(&c, leader),
+    )
+    .await;
+    assert_eq!(client.get_dir("before").await.expect("read").len(), 20);
+    assert_eq!(client.get_dir("after").await.expect("read").len(), 20);
+    assert_eq!(client.try_get("anonymous").await.expect("read"), None);
 }

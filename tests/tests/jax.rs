@@ -270,29 +270,115 @@ async fn jax_distributed_initialize_runs_on_the_ensemble() {
     let mut cluster = ensemble(N as usize, &[]);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let sidecar = Sidecar::start(&cluster.endpoints());
+    initialize_job(&jax, std::slice::from_ref(&sidecar.addr), N);
+}
+
+/// Runs `jax.distributed.initialize` in `n` processes (process i through `addrs[i]`, or all
+/// through the one address) and checks that each saw the whole job and exited cleanly.
+fn initialize_job(jax: &Jax, addrs: &[String], n: u64) {
     let (code, out) = jax.run(
         "jax_initialize.py",
-        &[sidecar.addr.clone(), N.to_string()],
+        &[addrs.join(","), n.to_string()],
         Duration::from_secs(300),
     );
     eprintln!("{out}");
     assert_eq!(code, Some(0), "{out}");
     let log = parse(&out);
-    for task in 0..N {
+    for task in 0..n {
         let seen = log
             .iter()
             .find(|e| e["task"] == task && e.get("process_count").is_some())
             .unwrap_or_else(|| panic!("task {task} saw nothing:\n{out}"));
         assert_eq!(seen["process_index"], task, "{out}");
-        assert_eq!(seen["process_count"], N, "{out}");
+        assert_eq!(seen["process_count"], n, "{out}");
         // The devices of every process, exchanged through the ensemble's key-value store.
-        assert_eq!(seen["device_processes"], serde_json::json!([0, 1]), "{out}");
+        let all: Vec<u64> = (0..n).collect();
+        assert_eq!(seen["device_processes"], serde_json::json!(all), "{out}");
         let local = seen["local_devices"].as_u64().expect("a count");
-        assert_eq!(seen["global_devices"], local * N, "{out}");
+        assert_eq!(seen["global_devices"], local * n, "{out}");
         let exit = log
             .iter()
             .find(|e| e["task"] == task && e.get("exit").is_some())
             .expect("exit code");
         assert_eq!(exit["exit"], 0, "{out}");
     }
+}
+
+/// `jax.distributed.initialize` through sidecars that each present their own task's certificate
+/// to an ensemble that requires one: the job starts as without TLS. A sidecar holding another
+/// task's certificate cannot register its process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jax_over_tls_with_a_certificate_per_task() {
+    let Some(jax) = jax_or_skip("jax_over_tls_with_a_certificate_per_task") else {
+        return;
+    };
+    const N: u64 = 2;
+    let mut cluster = Cluster::start(ClusterOptions {
+        tls: true,
+        extra_args: [
+            "--job",
+            "jax=2",
+            "--shutdown-barrier-timeout-ms",
+            "60000",
+            "--tls-client-auth",
+            "require",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..ClusterOptions::default()
+    });
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let pki = cluster.pki();
+    let sidecar_of = |task: u32| {
+        let files = pki.issue(&pki.task("jax", task));
+        let flags = [
+            "--tls-ca".to_string(),
+            pki.ca_path().display().to_string(),
+            "--tls-cert".into(),
+            files.cert.display().to_string(),
+            "--tls-key".into(),
+            files.key.display().to_string(),
+        ];
+        Sidecar::start_with(&cluster.endpoints(), &flags)
+    };
+    let sidecars: Vec<Sidecar> = (0..N as u32).map(sidecar_of).collect();
+    let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
+    initialize_job(&jax, &addrs, N);
+
+    // Each process behind a sidecar with the other task's certificate: both are refused (jaxlib
+    // ends a process whose registration fails), and the replicas counted the refusals.
+    let swapped = [sidecar_of(1), sidecar_of(0)];
+    let addrs: Vec<String> = swapped.iter().map(|s| s.addr.clone()).collect();
+    let (code, out) = jax.run(
+        "jax_initialize.py",
+        &[addrs.join(","), N.to_string()],
+        Duration::from_secs(300),
+    );
+    assert_eq!(code, Some(0), "the script itself failed:\n{out}");
+    let log = parse(&out);
+    assert!(
+        !log.iter().any(|e| e.get("process_count").is_some()),
+        "impersonating processes started a job:\n{out}"
+    );
+    for task in 0..N {
+        let exit = log
+            .iter()
+            .find(|e| e["task"] == task && e.get("exit").is_some())
+            .unwrap_or_else(|| panic!("no exit line of task {task}:\n{out}"));
+        assert_ne!(exit["exit"], 0, "{out}");
+    }
+    let denied =
+        "coord_rpc_duration_seconds_count{method=\"xla/RegisterTask\",code=\"PermissionDenied\"}";
+    let refusals: u64 = cluster
+        .ids()
+        .into_iter()
+        .filter_map(|id| coord_tests::http::get(cluster.replica(id).http, "/metrics").ok())
+        .flat_map(|(_, body)| {
+            body.lines()
+                .filter_map(|l| l.strip_prefix(denied))
+                .filter_map(|v| v.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert!(refusals >= N, "{refusals} refused registrations counted");
 }

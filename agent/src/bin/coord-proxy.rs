@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use coord_agent::xla_proxy::XlaProxy;
-use coord_agent::{ClientOptions, CoordClient};
+use coord_agent::CoordClient;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationServiceServer;
 use tonic::codec::CompressionEncoding;
 
@@ -34,6 +34,10 @@ struct Cli {
     /// A call fails UNAVAILABLE only after no replica could serve it for this long.
     #[arg(long, default_value_t = 120)]
     unavailable_after_secs: u64,
+    /// TLS toward the ensemble; jaxlib's side (--listen) stays plain gRPC on localhost. Give the
+    /// proxy the certificate of the task it serves.
+    #[command(flatten)]
+    tls: coord_agent::tls::TlsArgs,
 }
 
 fn main() -> ExitCode {
@@ -53,7 +57,13 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    let mut options = ClientOptions::new(cli.coordinators.clone());
+    let mut options = match cli.tls.client_options(cli.coordinators.clone()) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("coord-proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
     options.unavailable_after = Duration::from_secs(cli.unavailable_after_secs);
     let client = match CoordClient::new(options) {
         Ok(c) => c,

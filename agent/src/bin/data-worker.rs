@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use coord_agent::data::{DataWorkerService, DispatchClient};
-use coord_agent::{ClientOptions, CoordClient};
+use coord_agent::CoordClient;
 use coord_proto::coord::dispatcher::data_worker_server::DataWorkerServer;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
@@ -43,6 +43,9 @@ struct Cli {
     /// Threads of the async runtime.
     #[arg(long, default_value_t = 2)]
     worker_threads: usize,
+    /// TLS toward the ensemble (the consumers' side stays plain gRPC).
+    #[command(flatten)]
+    tls: coord_agent::tls::TlsArgs,
 }
 
 fn main() -> ExitCode {
@@ -88,7 +91,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
     let address = cli.advertise.unwrap_or_else(|| local.to_string());
-    let coord = CoordClient::new(ClientOptions::new(cli.coordinators.clone()))
+    let coord = CoordClient::new(cli.tls.client_options(cli.coordinators.clone())?)
         .map_err(|e| e.message().to_string())?;
     let service = DataWorkerService::new(address.clone(), DispatchClient::new(coord));
     tokio::spawn(

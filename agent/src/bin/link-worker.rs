@@ -19,7 +19,7 @@ use clap::{Parser, ValueEnum};
 use coord_agent::rendezvous::link::{self, LinkService, Links};
 use coord_agent::rendezvous::peers::{job_tasks, OnPeer, PeerEvent, PeerMonitor, PeerOptions};
 use coord_agent::rendezvous::{DType, ParsedKey, RendezvousMgr, Tensor, WorkerSession};
-use coord_agent::{Agent, AgentConfig, ClientOptions, CoordClient};
+use coord_agent::{Agent, AgentConfig, CoordClient};
 use tonic::transport::server::TcpIncoming;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -35,6 +35,9 @@ struct Cli {
     /// Every coordinator replica, comma-separated.
     #[arg(long, value_delimiter = ',')]
     coordinators: Vec<String>,
+    /// TLS toward the ensemble (the worker links stay plain gRPC).
+    #[command(flatten)]
+    tls: coord_agent::tls::TlsArgs,
     /// The job this worker's task belongs to.
     #[arg(long, default_value = "worker")]
     job: String,
@@ -143,10 +146,12 @@ fn main() {
 async fn run(cli: Cli) -> Result<i32, String> {
     let started = Instant::now();
     let me = task(&cli.job, cli.task_id);
-    let coord = CoordClient::new(ClientOptions::new(cli.coordinators.clone()))
-        .map_err(|e| e.message().to_string())?;
+    let options = cli.tls.client_options(cli.coordinators.clone())?;
+    let tls = options.tls.clone();
+    let coord = CoordClient::new(options).map_err(|e| e.message().to_string())?;
     let agent = if cli.agent {
-        let config = AgentConfig::new(cli.coordinators.clone(), &cli.job, cli.task_id as i32);
+        let mut config = AgentConfig::new(cli.coordinators.clone(), &cli.job, cli.task_id as i32);
+        config.tls = tls;
         let agent = Agent::new(config, |_| {}).map_err(|e| e.message().to_string())?;
         agent.connect().await.map_err(|e| e.message().to_string())?;
         Some(agent)

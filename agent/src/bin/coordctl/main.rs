@@ -32,7 +32,7 @@ mod dispatcher;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use coord_agent::watch::{ChangeKind, WatchSet};
-use coord_agent::{ClientOptions, CoordClient};
+use coord_agent::CoordClient;
 use serde_json::{json, Value};
 use tonic::{Code, Status};
 
@@ -61,6 +61,8 @@ struct Cli {
     /// Output format.
     #[arg(short, long, value_enum, default_value = "table", global = true)]
     output: Output,
+    #[command(flatten)]
+    tls: coord_agent::tls::TlsArgs,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -130,7 +132,10 @@ enum KvCmd {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mut options = ClientOptions::new(cli.endpoints.clone());
+    let mut options = match cli.tls.client_options(cli.endpoints.clone()) {
+        Ok(o) => o,
+        Err(e) => return fail(&Status::invalid_argument(e), cli.output),
+    };
     options.unavailable_after = Duration::from_secs(cli.timeout_secs);
     let client = match CoordClient::new(options) {
         Ok(c) => c,
