@@ -8,10 +8,18 @@
 //!
 //! After a failed sync the flusher fails every later job as well: once `fsync` has reported an
 //! error, the kernel may have dropped the dirty pages, and a later "successful" sync would lie.
+//!
+//! A lone write (nothing queued, nothing being synced) may instead be synced on the writer's own
+//! thread ([`Flusher::sync_here`]): the writer (openraft's core) waits for the sync either way,
+//! and this saves the two thread hand-offs, to the flusher and back, that a lone write otherwise
+//! pays for on every replica. The files are synced under one lock, so the two paths never
+//! overlap and completion order still equals submission order.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -68,21 +76,76 @@ pub(crate) struct Flusher {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<SyncStats>,
+    shared: Arc<Shared>,
+}
+
+/// What the flusher thread and a writer syncing on its own thread share.
+struct Shared {
+    target: Mutex<Syncer>,
+    /// Jobs handed to the thread and not completed yet.
+    pending: AtomicU64,
+}
+
+/// The files to sync, and whether a sync ever failed.
+struct Syncer {
+    target: SyncTarget,
+    failed: Option<String>,
+}
+
+impl Syncer {
+    fn sync(&mut self, stats: &SyncStats) -> Result<(), String> {
+        if let Some(e) = &self.failed {
+            return Err(format!("an earlier sync failed: {e}"));
+        }
+        let started = Instant::now();
+        let r = self.target.sync().map_err(|e| e.to_string());
+        stats.latency.record(started.elapsed());
+        stats.syncs.fetch_add(1, Relaxed);
+        if let Err(e) = &r {
+            tracing::error!(error = %e, "log sync failed; refusing all further writes");
+            self.failed = Some(e.clone());
+        }
+        r
+    }
 }
 
 impl Flusher {
     pub(crate) fn start(target: SyncTarget) -> io::Result<Self> {
         let stats = Arc::new(SyncStats::default());
+        let shared = Arc::new(Shared {
+            target: Mutex::new(Syncer {
+                target,
+                failed: None,
+            }),
+            pending: AtomicU64::new(0),
+        });
         let (tx, rx) = mpsc::channel();
-        let thread_stats = stats.clone();
+        let (thread_stats, thread_shared) = (stats.clone(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("coord-log-flusher".into())
-            .spawn(move || run(rx, target, &thread_stats))?;
+            .spawn(move || run(rx, &thread_shared, &thread_stats))?;
         Ok(Self {
             tx: Some(tx),
             thread: Some(thread),
             stats,
+            shared,
         })
+    }
+
+    /// Syncs now, on the caller's thread, and completes `cb`, if nothing is queued or being
+    /// synced; otherwise queues `cb` like [`Self::after_sync`]. Blocks the caller for the sync.
+    pub(crate) fn sync_here(&self, cb: LogFlushed<TypeConfig>) -> io::Result<()> {
+        if self.shared.pending.load(Acquire) == 0 {
+            if let Ok(mut syncer) = self.shared.target.try_lock() {
+                self.stats.submitted.fetch_add(1, Relaxed);
+                let result = syncer.sync(&self.stats);
+                drop(syncer);
+                self.stats.jobs.fetch_add(1, Relaxed);
+                Job::Append(cb).complete(&result);
+                return Ok(());
+            }
+        }
+        self.after_sync(cb)
     }
 
     pub(crate) fn stats(&self) -> &Arc<SyncStats> {
@@ -103,13 +166,15 @@ impl Flusher {
     }
 
     fn send(&self, job: Job) -> io::Result<()> {
-        self.stats
-            .submitted
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.tx
-            .as_ref()
-            .and_then(|tx| tx.send(job).ok())
-            .ok_or_else(|| io::Error::other("log flusher has stopped"))
+        self.stats.submitted.fetch_add(1, Relaxed);
+        // Counted before it is sent, so that `sync_here` never sees an idle flusher that has a
+        // job on its way.
+        self.shared.pending.fetch_add(1, AcqRel);
+        let sent = self.tx.as_ref().and_then(|tx| tx.send(job).ok());
+        if sent.is_none() {
+            self.shared.pending.fetch_sub(1, AcqRel);
+        }
+        sent.ok_or_else(|| io::Error::other("log flusher has stopped"))
     }
 }
 
@@ -122,33 +187,21 @@ impl Drop for Flusher {
     }
 }
 
-fn run(rx: mpsc::Receiver<Job>, mut target: SyncTarget, stats: &SyncStats) {
-    let mut failed: Option<String> = None;
+fn run(rx: mpsc::Receiver<Job>, shared: &Shared, stats: &SyncStats) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
-        let result = match &failed {
-            Some(e) => Err(format!("an earlier sync failed: {e}")),
-            None => {
-                let started = Instant::now();
-                let r = target.sync().map_err(|e| e.to_string());
-                stats.latency.record(started.elapsed());
-                stats
-                    .syncs
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let Err(e) = &r {
-                    tracing::error!(error = %e, "log sync failed; refusing all further writes");
-                    failed = Some(e.clone());
-                }
-                r
-            }
-        };
-        stats
-            .jobs
-            .fetch_add(jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let result = shared
+            .target
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sync(stats);
+        stats.jobs.fetch_add(jobs.len() as u64, Relaxed);
+        let n = jobs.len() as u64;
         for job in jobs {
             job.complete(&result);
         }
+        shared.pending.fetch_sub(n, AcqRel);
     }
 }
 
@@ -180,7 +233,6 @@ impl SyncTarget {
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        use std::sync::atomic::Ordering::Acquire;
         if let Some(hook) = &self.hook {
             hook.before_sync()?;
         }

@@ -175,14 +175,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .collect::<Result<Vec<_>, codec::CodecError>>()
             .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
         self.inner.wal.append(&encoded).map_err(err)?;
+        let positions = &self.inner.positions;
+        let mut lone = false;
         if let Some((last, _)) = encoded.last() {
             // After the write marked its file unsynced: see the flusher's `sync`.
-            self.inner
-                .positions
-                .appended
-                .store(last.index, Ordering::Release);
+            let before = positions.appended.swap(last.index, Ordering::AcqRel);
+            // Everything before these entries is committed: they are all there is to replicate
+            // and commit, nothing else is waiting for this replica's Raft thread, and the sync
+            // may as well run on it (see `Flusher::sync_here`).
+            lone = positions.committed.load(Ordering::Acquire) >= before;
         }
-        self.inner.flusher.after_sync(callback).map_err(err)
+        if lone {
+            self.inner.flusher.sync_here(callback).map_err(err)
+        } else {
+            self.inner.flusher.after_sync(callback).map_err(err)
+        }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
