@@ -16,10 +16,20 @@ pub struct CoordTarget {
 impl CoordTarget {
     /// `connections` clients, each with its own connections, all pointed at the leader.
     pub async fn connect(endpoints: Vec<String>, connections: usize) -> Result<Self, String> {
+        Self::connect_with(endpoints, connections, None).await
+    }
+
+    /// [`Self::connect`] over TLS when `tls` is given.
+    pub async fn connect_with(
+        endpoints: Vec<String>,
+        connections: usize,
+        tls: Option<coord_proto::tls::ClientTls>,
+    ) -> Result<Self, String> {
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
-            let c = CoordClient::new(ClientOptions::new(endpoints.clone()))
-                .map_err(|e| e.to_string())?;
+            let mut options = ClientOptions::new(endpoints.clone());
+            options.tls = tls.clone();
+            let c = CoordClient::new(options).map_err(|e| e.to_string())?;
             c.find_leader().await.ok_or("no coord leader found")?;
             clients.push(c);
         }

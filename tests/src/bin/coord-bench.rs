@@ -153,6 +153,10 @@ struct KvArgs {
     /// Extra flags for every coord replica (e.g. --coord-arg=--election-timeout-min-ms=200).
     #[arg(long = "coord-arg")]
     coord_args: Vec<String>,
+    /// Also run every workload on a second coord ensemble serving TLS (clients presenting an
+    /// operator's certificate), in the same rounds, and report TLS against plain gRPC.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// One workload: what, how many clients, how many operations.
@@ -203,6 +207,8 @@ fn workloads(args: &KvArgs) -> Vec<Workload> {
 struct Compared {
     coord: Vec<LoadResult>,
     etcd: Vec<LoadResult>,
+    /// The same on the TLS ensemble (`--tls`).
+    coord_tls: Vec<LoadResult>,
 }
 
 fn median_by<F: Fn(&LoadResult) -> f64>(runs: &[LoadResult], f: F) -> f64 {
@@ -305,7 +311,7 @@ fn print_gaps(name: &str, gaps: &[Gap]) {
     );
 }
 
-async fn start_coord(args: &KvArgs) -> Result<Option<Cluster>, String> {
+async fn start_coord(args: &KvArgs, tls: bool) -> Result<Option<Cluster>, String> {
     if !args.endpoints.is_empty() {
         return Ok(None);
     }
@@ -323,6 +329,7 @@ async fn start_coord(args: &KvArgs) -> Result<Option<Cluster>, String> {
     let mut cluster = Cluster::start(ClusterOptions {
         extra_args,
         log_filter: "warn".into(),
+        tls,
         ..ClusterOptions::default()
     });
     cluster.wait_for_leader(Duration::from_secs(60)).await;
@@ -349,7 +356,21 @@ async fn kv(args: KvArgs) -> Result<(), String> {
         args.connections,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let mut coord_cluster = start_coord(&args).await?;
+    let mut coord_cluster = start_coord(&args, false).await?;
+    let tls_cluster = if args.tls {
+        if !args.endpoints.is_empty() {
+            return Err(
+                "--tls starts an ensemble of its own; it does not go with --endpoints".into(),
+            );
+        }
+        start_coord(&args, true).await?
+    } else {
+        None
+    };
+    let tls_client = tls_cluster.as_ref().map(|c| {
+        let pki = c.pki();
+        pki.client(Some(&pki.client_identity("bench")))
+    });
     let coord_endpoints = match &coord_cluster {
         Some(c) => c.endpoints(),
         None => args.endpoints.clone(),
@@ -377,20 +398,34 @@ async fn kv(args: KvArgs) -> Result<(), String> {
             )),
             None => None,
         };
+        let tls_target = match (&tls_cluster, &tls_client) {
+            (Some(c), Some(tls)) => Some(Arc::new(
+                CoordTarget::connect_with(c.endpoints(), conns.min(w.clients), Some(tls.clone()))
+                    .await?,
+            )),
+            _ => None,
+        };
         if w.kind == OpKind::Get {
             load::preload(&coord_target).await?;
             if let Some(t) = &etcd_target {
+                load::preload(t).await?;
+            }
+            if let Some(t) = &tls_target {
                 load::preload(t).await?;
             }
         }
         let mut compared = Compared {
             coord: Vec::new(),
             etcd: Vec::new(),
+            coord_tls: Vec::new(),
         };
         for _ in 0..args.rounds {
             compared
                 .coord
                 .push(run_once("coord", w, coord_target.clone()).await);
+            if let Some(t) = &tls_target {
+                compared.coord_tls.push(run_once("tls", w, t.clone()).await);
+            }
             if let Some(t) = &etcd_target {
                 compared.etcd.push(run_once("etcd", w, t.clone()).await);
             }
@@ -486,7 +521,37 @@ async fn kv(args: KvArgs) -> Result<(), String> {
             failover::median(&coord_gaps).as_millis()
         );
     }
+    if tls_cluster.is_some() {
+        print_tls(&args, &wls, &results);
+    }
     Ok(())
+}
+
+/// The second table of `--tls`: the TLS ensemble against the plain one, same rounds.
+fn print_tls(args: &KvArgs, wls: &[Workload], results: &[Compared]) {
+    println!(
+        "\n| workload (median of {} rounds) | coord ops/s | coord p50 ms | coord over TLS ops/s | TLS p50 ms | TLS p99 ms | TLS/plain |",
+        args.rounds
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (w, r) in wls.iter().zip(results) {
+        let ops = |runs: &[LoadResult]| median_by(runs, LoadResult::ops_per_sec);
+        let ms = |runs: &[LoadResult], f: fn(&LoadResult) -> Duration| {
+            fmt_ms(Duration::from_secs_f64(median_by(runs, |x| {
+                f(x).as_secs_f64()
+            })))
+        };
+        println!(
+            "| {} | {:.0} | {} | {:.0} | {} | {} | {:.2}x |",
+            w.name,
+            ops(&r.coord),
+            ms(&r.coord, |x| x.p50),
+            ops(&r.coord_tls),
+            ms(&r.coord_tls, |x| x.p50),
+            ms(&r.coord_tls, |x| x.p99),
+            ops(&r.coord_tls) / ops(&r.coord).max(1e-9)
+        );
+    }
 }
 
 async fn failover_bench(args: FailoverArgs) -> Result<(), String> {
