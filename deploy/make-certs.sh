@@ -12,7 +12,7 @@
 # (keys readable by their owner only). For tests and trials; any CA will do in production, as
 # long as the certificates carry the identities the README's "TLS" section describes.
 set -euo pipefail
-dir=${1:?usage: deploy/make-certs.sh DIR [coord-certs arguments]}
+dir=$(realpath -m "${1:?usage: deploy/make-certs.sh DIR [coord-certs arguments]}")
 shift
 cd "$(dirname "$0")/.."
 cargo build --release --quiet -p coord-tests --bin coord-certs

@@ -7,12 +7,13 @@
 #
 #   deploy/k8s/make-tls-secrets.sh NAMESPACE [JOB=COUNT ...]     e.g. default worker=4
 #
-# The certificates stay in ./certs-NAMESPACE as well (keep ca.key safe, or delete it).
+# The certificates stay in ./certs-NAMESPACE (of the directory it is run from) as well: keep
+# ca.key safe, or delete it.
 set -euo pipefail
 ns=${1:?usage: deploy/k8s/make-tls-secrets.sh NAMESPACE [JOB=COUNT ...]}
 shift
+dir=$PWD/certs-$ns
 cd "$(dirname "$0")/../.."
-dir=certs-$ns
 args=(ensemble --client ops)
 for i in 1 2 3; do
   pod=coord-$((i - 1)).coord-peers.$ns.svc
