@@ -72,6 +72,29 @@ async fn agreed_leader(c: &Compose, ids: &[u64]) -> u64 {
     leader
 }
 
+/// `docker kill`s the leader's container among `ids`; once the others agree on a new leader,
+/// runs `meanwhile`; then starts the container again and waits until it is ready.
+async fn kill_the_leader(
+    c: &Compose,
+    ids: &[u64],
+    meanwhile: impl std::future::Future<Output = ()>,
+) {
+    let leader = agreed_leader(c, ids).await;
+    eprintln!("docker kill {}", c.container(leader));
+    c.docker_ok(&["kill", &c.container(leader)]);
+    let rest: Vec<u64> = ids.iter().copied().filter(|&i| i != leader).collect();
+    let new_leader = agreed_leader(c, &rest).await;
+    assert_ne!(new_leader, leader);
+    meanwhile.await;
+    c.docker_ok(&["start", &c.container(leader)]);
+    wait(
+        "the killed replica ready again",
+        Duration::from_secs(120),
+        || ready(c, leader),
+    )
+    .await;
+}
+
 /// Waits until the writer has had `n` more writes acknowledged.
 async fn writes_go_on(count: &AtomicUsize, n: usize) {
     let target = count.load(Ordering::Relaxed) + n;
@@ -120,20 +143,7 @@ async fn compose_ensemble_survives_kills_partitions_restarts_and_membership_chan
     writes_go_on(&count, 20).await;
 
     // 1. docker kill the leader's container; a new leader takes over; it comes back.
-    let leader = agreed_leader(&c, &originals).await;
-    eprintln!("docker kill {}", c.container(leader));
-    c.docker_ok(&["kill", &c.container(leader)]);
-    let rest: Vec<u64> = originals.into_iter().filter(|&i| i != leader).collect();
-    let new_leader = agreed_leader(&c, &rest).await;
-    assert_ne!(new_leader, leader);
-    writes_go_on(&count, 20).await;
-    c.docker_ok(&["start", &c.container(leader)]);
-    wait(
-        "the killed replica ready again",
-        Duration::from_secs(120),
-        || ready(&c, leader),
-    )
-    .await;
+    kill_the_leader(&c, &originals, writes_go_on(&count, 20)).await;
 
     // 2. Cut the (new) leader off the network; the others go on; reconnect it.
     let cut = agreed_leader(&c, &originals).await;
@@ -278,24 +288,15 @@ async fn compose_ensemble_over_tls_requires_certificates_and_survives_a_leader_k
         "no replica logged the refused handshake:\n{logs}"
     );
     // The leader's container dies; its peers elect a new leader over TLS; it comes back.
-    let leader = agreed_leader(&c, &originals).await;
-    c.docker_ok(&["kill", &c.container(leader)]);
-    let rest: Vec<u64> = originals.into_iter().filter(|&i| i != leader).collect();
-    let new_leader = agreed_leader(&c, &rest).await;
-    assert_ne!(new_leader, leader);
-    for i in 0..20 {
-        client
-            .insert(&format!("after/{i}"), "v", false)
-            .await
-            .expect("insert after the leader's death");
-    }
-    c.docker_ok(&["start", &c.container(leader)]);
-    wait(
-        "the killed replica ready again",
-        Duration::from_secs(120),
-        || ready(&c, leader),
-    )
-    .await;
+    let writes = async {
+        for i in 0..20 {
+            client
+                .insert(&format!("after/{i}"), "v", false)
+                .await
+                .expect("insert after the leader's death");
+        }
+    };
+    kill_the_leader(&c, &originals, writes).await;
     assert_eq!(client.get_dir("before").await.expect("read").len(), 20);
     assert_eq!(client.get_dir("after").await.expect("read").len(), 20);
     assert_eq!(client.try_get("anonymous").await.expect("read"), None);
