@@ -122,11 +122,11 @@ pub enum TlsError {
     Config(String),
 }
 
-/// The certificates of a PEM file (at least one), as DER.
-pub fn read_certificates(
+/// A PEM file of certificates (at least one): its text, and the certificates as DER.
+fn read_certificates(
     what: &'static str,
     path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), TlsError> {
     let pem = read(what, path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -141,7 +141,7 @@ pub fn read_certificates(
             path: path.to_path_buf(),
         });
     }
-    Ok(certs)
+    Ok((pem, certs))
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -163,7 +163,7 @@ pub struct KeyPair {
 
 impl KeyPair {
     pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let chain = read_certificates("certificate", cert)?;
+        let (cert_pem, chain) = read_certificates("certificate", cert)?;
         let key_pem = read("key", key)?;
         PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::BadKey {
             path: key.to_path_buf(),
@@ -171,7 +171,7 @@ impl KeyPair {
         })?;
         Ok(Self {
             chain,
-            cert_pem: read("certificate", cert)?,
+            cert_pem,
             key_pem,
         })
     }
@@ -199,10 +199,8 @@ pub struct Ca {
 
 impl Ca {
     pub fn load(path: &Path) -> Result<Self, TlsError> {
-        Ok(Self {
-            certificates: read_certificates("CA certificate", path)?,
-            pem: read("CA certificate", path)?,
-        })
+        let (pem, certificates) = read_certificates("CA certificate", path)?;
+        Ok(Self { pem, certificates })
     }
 
     fn tonic(&self) -> Certificate {
