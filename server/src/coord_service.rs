@@ -35,16 +35,8 @@ impl Coordination for CoordService {
         &self,
         req: Request<pb::PollForErrorRequest>,
     ) -> Result<Response<pb::PollForErrorResponse>, Status> {
-        if let Some(t) = &req.get_ref().task {
-            let check = self.router.authz().acting_as(
-                &req,
-                "PollForError",
-                "task",
-                &t.job_name,
-                i64::from(t.task_id),
-            );
-            self.router.checked("PollForError", check)?;
-        }
+        self.router
+            .check_task(&req, "PollForError", "task", req.get_ref().task.as_ref())?;
         let core = &*self.core;
         self.router
             .route(

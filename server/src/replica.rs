@@ -99,7 +99,6 @@ pub struct Replica {
     server_tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     /// How this replica connects to its peers over TLS.
     peer_tls: Option<coord_proto::tls::ClientTls>,
-    pub authz: crate::authz::Authz,
 }
 
 fn raft_config(args: &Args) -> Result<Config, StartError> {
@@ -227,7 +226,7 @@ impl Replica {
                 requests_per_second: args.max_requests_per_second_per_client,
                 blocking_calls: args.max_blocking_calls_per_client,
             }),
-            authz.clone(),
+            authz,
         ));
         let kv = Arc::new(KvCore {
             proposer: proposer.clone(),
@@ -314,7 +313,6 @@ impl Replica {
             raft_runtime: std::sync::Mutex::new(Some(raft_runtime)),
             server_tls,
             peer_tls,
-            authz,
         })
     }
 
@@ -361,7 +359,7 @@ impl Replica {
             this.raft.clone(),
             this.cluster_id,
             this.contact.clone(),
-            this.authz.clone(),
+            this.router.authz().clone(),
         ))
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);

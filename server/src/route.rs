@@ -99,6 +99,24 @@ impl Router {
         &self.authz
     }
 
+    /// Over TLS, refuses a task's certificate acting as another task than `task`, which `method`
+    /// names in `field` (see [`crate::authz`]); a request that names none is left to the call.
+    pub fn check_task<T>(
+        &self,
+        req: &Request<T>,
+        method: &'static str,
+        field: &str,
+        task: Option<&coord_proto::tensorflow::CoordinatedTask>,
+    ) -> Result<(), Status> {
+        let Some(t) = task else {
+            return Ok(());
+        };
+        let check = self
+            .authz
+            .acting_as(req, method, field, &t.job_name, i64::from(t.task_id));
+        self.checked(method, check)
+    }
+
     /// Passes on the outcome of an authorization check of `method`, counting a refusal in the
     /// metrics as a call that ended with its code.
     pub fn checked(&self, method: &'static str, check: Result<(), Status>) -> Result<(), Status> {

@@ -44,24 +44,6 @@ impl TfService {
         }
     }
 
-    /// Over TLS, a task's certificate acts only as its own task (see `authz`).
-    fn acting_as<T>(
-        &self,
-        req: &Request<T>,
-        method: &'static str,
-        field: &str,
-        task: Option<&tf::CoordinatedTask>,
-    ) -> Result<(), Status> {
-        let Some(t) = task else {
-            return Ok(());
-        };
-        let check =
-            self.router
-                .authz()
-                .acting_as(req, method, field, &t.job_name, i64::from(t.task_id));
-        self.router.checked(method, check)
-    }
-
     fn cluster_devices(
         &self,
         mine: &DeviceInfo,
@@ -101,7 +83,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::RegisterTaskRequest>,
     ) -> Result<Response<tf::RegisterTaskResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "RegisterTask",
             "source_task",
@@ -127,7 +109,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::HeartbeatRequest>,
     ) -> Result<Response<tf::HeartbeatResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "Heartbeat",
             "source_task",
@@ -153,7 +135,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::WaitForAllTasksRequest>,
     ) -> Result<Response<tf::WaitForAllTasksResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "WaitForAllTasks",
             "source_task",
@@ -185,7 +167,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::ShutdownTaskRequest>,
     ) -> Result<Response<tf::ShutdownTaskResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "ShutdownTask",
             "source_task",
@@ -213,7 +195,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::ResetTaskRequest>,
     ) -> Result<Response<tf::ResetTaskResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "ResetTask",
             "source_task",
@@ -250,7 +232,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::ReportErrorToServiceRequest>,
     ) -> Result<Response<tf::ReportErrorToServiceResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "ReportErrorToService",
             "error_origin",
@@ -384,7 +366,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::BarrierRequest>,
     ) -> Result<Response<tf::BarrierResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "Barrier",
             "source_task",
@@ -420,7 +402,7 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::CancelBarrierRequest>,
     ) -> Result<Response<tf::CancelBarrierResponse>, Status> {
-        self.acting_as(
+        self.router.check_task(
             &req,
             "CancelBarrier",
             "source_task",
