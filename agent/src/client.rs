@@ -26,7 +26,9 @@ use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
+/// A connection to one replica: writes coalesced, and a request's end sent with its message
+/// (see `coord_proto::conn`).
+pub(crate) type Channel = coord_proto::conn::EagerEnd<tonic::transport::Channel>;
 use tonic::{Code, Request, Response, Status};
 
 mod admin;
@@ -89,12 +91,12 @@ impl CoordClient {
             .map(|addr| {
                 coord_proto::tls::endpoint(addr, options.tls.as_ref())
                     .map(|e| {
-                        e.connect_timeout(options.connect_timeout)
-                            .tcp_nodelay(true)
+                        let e = e
+                            .connect_timeout(options.connect_timeout)
                             .http2_keep_alive_interval(Duration::from_secs(5))
                             .keep_alive_timeout(Duration::from_secs(5))
-                            .keep_alive_while_idle(true)
-                            .connect_lazy()
+                            .keep_alive_while_idle(true);
+                        coord_proto::conn::EagerEnd(coord_proto::conn::connect_lazy(&e, None))
                     })
                     .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))
             })

@@ -10,10 +10,10 @@
 //! that park on the service (blocking get, barrier, GetAliveTasks, WatchTasks, PollForError) are
 //! re-parked there. jaxlib sees one slow call, never an error.
 
+use crate::client::Channel;
 use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationService;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::client::CoordClient;

@@ -15,6 +15,7 @@
 //! - [`fuzz`]: the deterministic random stream of the fuzz tests.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 //! - [`tls`]: TLS configurations and the identities certificates carry.
+//! - [`conn`]: gRPC connections: fewer, larger socket writes, and the Raft preface.
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
 
@@ -57,6 +58,7 @@ pub mod coord {
 }
 
 pub mod codec;
+pub mod conn;
 pub mod dataset;
 pub mod fuzz;
 pub mod metadata;

@@ -48,18 +48,21 @@ pub struct LeaderWatch {
 }
 
 impl LeaderWatch {
-    /// Starts deriving leadership from `raft`'s metrics.
+    /// Starts deriving leadership from `raft`'s metrics, in a task on `raft_runtime`: the
+    /// metrics change on every turn of the Raft core's loop, and following them from another
+    /// thread cost a wake-up of that thread each time (several per write, on every replica).
     pub fn start(
         raft: &Raft,
         me: NodeId,
         lease: Duration,
         floor: StartFloor,
+        raft_runtime: &tokio::runtime::Handle,
         tasks: &mut TaskGuard,
     ) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let mut metrics = raft.metrics();
         let (tx, rx) = watch::channel(leadership_of(me, lease_ms, floor, &metrics.borrow()));
-        tasks.spawn("leadership", async move {
+        tasks.spawn_on(raft_runtime, "leadership", async move {
             while metrics.changed().await.is_ok() {
                 let (now, term, applied) = {
                     let m = metrics.borrow_and_update();

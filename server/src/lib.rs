@@ -1,7 +1,7 @@
 //! coord-server: one replica of a coord ensemble (binary `coordinator`).
 //!
 //! Request path: a gRPC call reaches a wire adapter ([`tf_service`], [`coord_service`],
-//! [`kv_service`], //! or [`xla_service`] for jaxlib) hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
+//! [`kv_service`], or [`xla_service`] for jaxlib) hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
 //! re-drives it when leadership moves. On the leader the semantics ([`kv::KvCore`],
 //! [`coordination::CoordCore`]) write through the batching [`proposer`] and read after the batched
 //! [`read_index`]. The state machine reports applied changes to the [`apply_hub`], which wakes
@@ -15,6 +15,8 @@
 //! - [`config`], [`identity`]: flags, and the check that a data directory is this replica's.
 //! - [`replica`]: wiring, start and stop order.
 //! - [`raft_network`], [`raft_service`], [`peers`]: the openraft network adapter over gRPC.
+//! - [`accept`]: the gRPC port's accept loop; peers' Raft connections are served on the Raft
+//!   runtime, everything else on the client runtime.
 //! - [`leader`]: who leads, from Raft metrics; [`election`]: a prompt election after a leader
 //!   dies.
 //! - [`request_id`]: request ids in metadata, and ids for requests without one.
@@ -24,6 +26,7 @@
 //! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do.
 //! - [`tasks`]: ownership of background loops.
 
+pub mod accept;
 pub mod apply_hub;
 pub mod authz;
 pub mod barrier_timer;

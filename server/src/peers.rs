@@ -22,6 +22,9 @@ pub struct PeerChannels {
     source: Option<std::net::IpAddr>,
     /// The replica's TLS client configuration (`--tls-*`); `None` for plain gRPC.
     tls: Option<ClientTls>,
+    /// Connections begin with the Raft preface, so that peers serve them on their Raft thread
+    /// (see `coord_proto::conn`).
+    raft: bool,
 }
 
 impl PeerChannels {
@@ -30,6 +33,15 @@ impl PeerChannels {
             channels: Mutex::new(HashMap::new()),
             source,
             tls,
+            raft: false,
+        }
+    }
+
+    /// Channels for Raft traffic only.
+    pub fn for_raft(source: Option<std::net::IpAddr>, tls: Option<ClientTls>) -> Self {
+        Self {
+            raft: true,
+            ..Self::new(source, tls)
         }
     }
 
@@ -54,9 +66,12 @@ impl PeerChannels {
             // Room for a snapshot chunk or a batch of large values without stalling on flow
             // control.
             .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(16 << 20))
-            .local_address(self.source)
-            .connect_lazy();
+            .initial_connection_window_size(Some(16 << 20));
+        let channel = if self.raft {
+            coord_proto::conn::connect_raft_lazy(&channel, self.source)
+        } else {
+            coord_proto::conn::connect_lazy(&channel, self.source)
+        };
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

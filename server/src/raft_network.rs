@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use coord_proto::conn::EagerEnd;
 use coord_proto::coord::raft::raft_transport_client::RaftTransportClient;
 use coord_proto::coord::raft::RaftRequest;
 use coord_raft_store::codec;
@@ -41,7 +42,7 @@ impl Network {
     ) -> Self {
         Self {
             cluster_id,
-            channels: Arc::new(PeerChannels::new(source, tls)),
+            channels: Arc::new(PeerChannels::for_raft(source, tls)),
         }
     }
 }
@@ -51,7 +52,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let client = self.channels.get(&node.addr).map(|ch| {
-            RaftTransportClient::new(ch)
+            RaftTransportClient::new(EagerEnd(ch))
                 .max_decoding_message_size(PEER_MESSAGE_LIMIT)
                 .max_encoding_message_size(PEER_MESSAGE_LIMIT)
         });
@@ -66,7 +67,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     cluster_id: u64,
-    client: Result<RaftTransportClient<Channel>, String>,
+    client: Result<RaftTransportClient<EagerEnd<Channel>>, String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -21,7 +21,6 @@ use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 
 use crate::apply_hub::ApplyHub;
 use crate::config::Args;
@@ -182,9 +181,11 @@ impl Replica {
         hub.attach(reader.clone());
         let sync_stats = log.sync_stats();
 
-        // The Raft core, its replication streams and its peer connections run on a runtime of
-        // their own: under heavy client load the main runtime's queue can hold thousands of
+        // The Raft core, its replication streams and its peer connections (both ways: peers'
+        // Raft connections to this replica are served here too, see `accept`) run on a runtime
+        // of their own: under heavy client load the main runtime's queue can hold thousands of
         // requests, and heartbeats waiting behind them would make followers start elections.
+        // So do the loops that follow the core's metrics, which change on every turn of its loop.
         let raft_runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("coord-raft")
@@ -214,6 +215,7 @@ impl Replica {
             args.id,
             args.leader_lease(),
             at_start.floor,
+            raft_runtime.handle(),
             &mut tasks,
         );
         let router = Arc::new(Router::new(
@@ -279,7 +281,8 @@ impl Replica {
                 crate::barrier_timer::run(deadlines, leader.clone(), reader, proposer),
             );
         }
-        tasks.spawn(
+        tasks.spawn_on(
+            raft_runtime.handle(),
             "leader-watch",
             watch_leadership(raft.clone(), hub.clone(), metrics.clone()),
         );
@@ -391,12 +394,18 @@ impl Replica {
         ))
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
-        let grpc_server = tonic::transport::Server::builder()
-            .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(16 << 20))
-            .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-            .max_concurrent_streams(Some(this.args.max_concurrent_streams))
-            .layer(crate::oversized::OversizedLayer)
+        let server = || {
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(16 << 20))
+                .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+                .max_concurrent_streams(Some(this.args.max_concurrent_streams))
+                .layer(crate::oversized::OversizedLayer)
+        };
+        // Peers' Raft connections are served on the Raft runtime (see `accept`); the client
+        // server answers Raft calls too, from peers that connect without the preface.
+        let raft_server = server().add_service(raft_svc.clone());
+        let grpc_server = server()
             .add_service(raft_svc)
             .add_service(tf)
             .add_service(xla)
@@ -404,15 +413,30 @@ impl Replica {
             .add_service(coordination)
             .add_service(kv_svc)
             .add_service(dispatcher);
+        let raft_runtime = this
+            .raft_runtime
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
         let grpc_task = match this.server_tls.clone() {
-            Some(tls) => tokio::spawn(
-                grpc_server
-                    .serve_with_incoming_shutdown(crate::tls::incoming(grpc, tls), stopped()),
-            ),
-            None => tokio::spawn(grpc_server.serve_with_incoming_shutdown(
-                TcpIncoming::from(grpc).with_nodelay(Some(true)),
-                stopped(),
-            )),
+            Some(tls) => {
+                let incoming =
+                    crate::accept::incoming(grpc, crate::tls::upgrade(tls), raft_runtime.clone());
+                raft_runtime
+                    .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
+                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
+            }
+            None => {
+                let incoming = crate::accept::incoming(
+                    grpc,
+                    |tcp, _| std::future::ready(Some(tcp)),
+                    raft_runtime.clone(),
+                );
+                raft_runtime
+                    .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
+                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
+            }
         };
         let http_task = tokio::spawn(http::serve(http_listener, this.clone(), stopped()));
 

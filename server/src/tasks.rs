@@ -14,6 +14,17 @@ impl TaskGuard {
     pub fn spawn(&mut self, name: &'static str, fut: impl Future<Output = ()> + Send + 'static) {
         self.tasks.push((name, tokio::spawn(fut)));
     }
+
+    /// Runs `fut` on the runtime of `on` (a loop that follows the Raft core runs beside it, see
+    /// `replica`).
+    pub fn spawn_on(
+        &mut self,
+        on: &tokio::runtime::Handle,
+        name: &'static str,
+        fut: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.tasks.push((name, on.spawn(fut)));
+    }
 }
 
 impl Drop for TaskGuard {

@@ -3,7 +3,7 @@
 //! wrong file or a certificate made for another replica stops the replica with a clear message
 //! instead of failing every handshake later.
 //!
-//! The port's handshakes are done here, not by tonic ([`incoming`]): each refused handshake is
+//! The port's handshakes are done here, not by tonic ([`upgrade`]): each refused handshake is
 //! logged as a warning naming the caller's address and the reason (a certificate of another CA,
 //! none where one is required, a plain-gRPC client), and a caller that never finishes its
 //! handshake is dropped after [`HANDSHAKE_TIMEOUT`]. tonic still sees the TLS stream, so
@@ -16,15 +16,13 @@ use std::time::{Duration, Instant};
 
 use coord_proto::tls::{Ca, ClientTls, Identity, KeyPair};
 use rustls_pki_types::{ServerName, UnixTime};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpStream;
 use tokio_rustls::rustls::client::danger::ServerCertVerifier;
 use tokio_rustls::rustls::client::WebPkiServerVerifier;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::config::{Args, ClientAuthArg};
 
@@ -142,45 +140,33 @@ fn server_config(pair: &KeyPair, ca: &Ca, auth: ClientAuthArg) -> Result<ServerC
     Ok(config)
 }
 
-/// The TLS connections of `listener`: every accepted connection's handshake runs in a task of its
-/// own (a slow caller holds up nobody), and the finished ones come out of the stream. Accepting
-/// stops when the stream is dropped (the server stops).
-pub fn incoming(
-    listener: TcpListener,
+/// The TLS side of the gRPC port, for [`crate::accept::incoming`]: a connection's handshake,
+/// bounded by [`HANDSHAKE_TIMEOUT`]; a refused one is logged (see [`RefusalLog`]) and dropped.
+pub fn upgrade(
     config: Arc<ServerConfig>,
-) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
-    let (tx, rx) = mpsc::channel(64);
+) -> impl Fn(TcpStream, SocketAddr) -> BoxFuture<Option<TlsStream<TcpStream>>> + Send + Sync + 'static
+{
     let acceptor = TlsAcceptor::from(config);
     let log = Arc::new(RefusalLog::default());
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                () = tx.closed() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait a little, do not spin.
-                        tracing::warn!(error = %e, "cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = tcp.set_nodelay(true);
-            let (acceptor, tx, log) = (acceptor.clone(), tx.clone(), log.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
-                    }
-                    Ok(Err(e)) => log.refused(peer, &e.to_string()),
-                    Err(_) => log.refused(peer, "no handshake within the timeout"),
+    move |tcp, peer| {
+        let (acceptor, log) = (acceptor.clone(), log.clone());
+        Box::pin(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => Some(tls),
+                Ok(Err(e)) => {
+                    log.refused(peer, &e.to_string());
+                    None
                 }
-            });
-        }
-    });
-    ReceiverStream::new(rx)
+                Err(_) => {
+                    log.refused(peer, "no handshake within the timeout");
+                    None
+                }
+            }
+        })
+    }
 }
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Logs refused handshakes, at most [`LOGGED_PER_SECOND`] a second.
 struct RefusalLog {

@@ -1,9 +1,9 @@
 //! [`DispatchClient`]: the dispatcher's calls over a [`CoordClient`], so they follow the leader and
 //! retry with the same request id (a retried GetSplit gets the split it was first given).
 
+use crate::client::Channel;
 use coord_proto::coord::dispatcher as pb;
 use coord_proto::coord::dispatcher::dispatcher_client::DispatcherClient;
-use tonic::transport::Channel;
 use tonic::Status;
 
 use crate::CoordClient;

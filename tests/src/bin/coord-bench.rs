@@ -10,6 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The clients of both systems allocate a lot per call; glibc's malloc took a fifth of the
+/// benchmark process's CPU, which the servers on this shared machine then lacked.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand};
 use coord_tests::bench::coord_target::{CoordEnsemble, CoordTarget};
 use coord_tests::bench::etcd::{ensure_etcd, EtcdCluster, EtcdEnsemble, EtcdTarget};
