@@ -44,6 +44,9 @@ pub const RAFT_PREFACE: &[u8] = b"coord-raft/1\n";
 
 /// Bytes held before a write goes out without waiting for a flush.
 const CAPACITY: usize = 64 * 1024;
+/// A buffer larger than this is freed once written out (a busy connection's usual flush, a few
+/// dozen replies, fits).
+const KEPT_CAPACITY: usize = 16 * 1024;
 
 /// An I/O stream whose writes are gathered until a flush (see the module's docs).
 pub struct Coalesced<T> {
@@ -87,8 +90,8 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
         self.buf.clear();
         self.written = 0;
         self.yielded = false;
-        // A buffer that grew for one large burst is not kept.
-        if self.buf.capacity() > 2 * CAPACITY {
+        // An idle connection keeps no large buffer: a replica may hold thousands of them.
+        if self.buf.capacity() > KEPT_CAPACITY {
             self.buf = Vec::new();
         }
         Poll::Ready(Ok(()))
