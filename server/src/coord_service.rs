@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::peers::PeerChannel;
 use coord_proto::coord::coordination as pb;
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::coordination::CoordCore;
@@ -25,7 +25,7 @@ impl CoordService {
     }
 }
 
-fn client(ch: Channel) -> CoordinationClient<Channel> {
+fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
     CoordinationClient::new(ch)
 }
 

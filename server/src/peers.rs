@@ -8,15 +8,19 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use coord_proto::conn::EagerEnd;
 use coord_proto::tls::ClientTls;
 use tonic::transport::Channel;
+
+/// A channel to a peer; a request's end travels with its message (see `coord_proto::conn`).
+pub type PeerChannel = EagerEnd<Channel>;
 
 /// Largest message exchanged between replicas (AppendEntries batches, snapshot chunks, forwarded
 /// requests with their values).
 pub const PEER_MESSAGE_LIMIT: usize = 64 << 20;
 
 pub struct PeerChannels {
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, PeerChannel>>,
     /// The local address outgoing connections bind to (`--peer-source-ip`); `None` lets the
     /// system choose.
     source: Option<std::net::IpAddr>,
@@ -46,7 +50,7 @@ impl PeerChannels {
     }
 
     /// The channel to `addr` (`host:port`), created on first use without connecting.
-    pub fn get(&self, addr: &str) -> Result<Channel, String> {
+    pub fn get(&self, addr: &str) -> Result<PeerChannel, String> {
         let mut channels = self
             .channels
             .lock()
@@ -67,11 +71,11 @@ impl PeerChannels {
             // control.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20));
-        let channel = if self.raft {
+        let channel = EagerEnd(if self.raft {
             coord_proto::conn::connect_raft_lazy(&channel, self.source)
         } else {
             coord_proto::conn::connect_lazy(&channel, self.source)
-        };
+        });
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

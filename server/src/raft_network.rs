@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_proto::conn::EagerEnd;
 use coord_proto::coord::raft::raft_transport_client::RaftTransportClient;
 use coord_proto::coord::raft::RaftRequest;
 use coord_raft_store::codec;
@@ -23,9 +22,8 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::Channel;
 
-use crate::peers::{PeerChannels, PEER_MESSAGE_LIMIT};
+use crate::peers::{PeerChannel, PeerChannels, PEER_MESSAGE_LIMIT};
 
 /// Creates per-peer clients for openraft; all of them share the cached channels.
 #[derive(Clone)]
@@ -52,7 +50,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let client = self.channels.get(&node.addr).map(|ch| {
-            RaftTransportClient::new(EagerEnd(ch))
+            RaftTransportClient::new(ch)
                 .max_decoding_message_size(PEER_MESSAGE_LIMIT)
                 .max_encoding_message_size(PEER_MESSAGE_LIMIT)
         });
@@ -67,7 +65,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     cluster_id: u64,
-    client: Result<RaftTransportClient<EagerEnd<Channel>>, String>,
+    client: Result<RaftTransportClient<PeerChannel>, String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -16,9 +16,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::peers::PeerChannel;
 use coord_raft_store::RequestId;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 use crate::error::{add_leader_hint, CoordError};
@@ -144,7 +144,7 @@ impl Router {
         Req: Clone,
         L: Fn(Req, Option<RequestId>) -> LF,
         LF: Future<Output = Result<Resp, CoordError>>,
-        R: Fn(Channel, Request<Req>) -> RF,
+        R: Fn(PeerChannel, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = std::time::Instant::now();
@@ -195,7 +195,7 @@ impl Router {
         Req: Clone,
         L: Fn(Req, Option<RequestId>) -> LF,
         LF: Future<Output = Result<Resp, CoordError>>,
-        R: Fn(Channel, Request<Req>) -> RF,
+        R: Fn(PeerChannel, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let Call {
@@ -326,7 +326,7 @@ impl Router {
     ) -> Result<Resp, Status>
     where
         Req: Clone,
-        R: Fn(Channel, Request<Req>) -> RF,
+        R: Fn(PeerChannel, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
         let channel = self.channels.get(addr).map_err(Status::internal)?;

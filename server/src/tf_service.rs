@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use coord_raft_store::state::DeviceInfo;
 
+use crate::peers::PeerChannel;
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use coord_proto::tensorflow::coordination_service_server::CoordinationService;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::coordination::CoordCore;
@@ -67,7 +67,7 @@ impl TfService {
     }
 }
 
-fn client(ch: Channel) -> CoordinationServiceClient<Channel> {
+fn client(ch: PeerChannel) -> CoordinationServiceClient<PeerChannel> {
     CoordinationServiceClient::new(ch)
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT)

@@ -16,12 +16,12 @@
 
 use std::sync::Arc;
 
+use crate::peers::PeerChannel;
 use bytes::Bytes;
 use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationService;
 use coord_raft_store::state::{Cluster, Outcome, TaskName, TaskState};
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::coordination::CoordCore;
@@ -39,7 +39,7 @@ pub struct XlaService {
     job: Option<String>,
 }
 
-fn client(ch: Channel) -> CoordinationServiceClient<Channel> {
+fn client(ch: PeerChannel) -> CoordinationServiceClient<PeerChannel> {
     CoordinationServiceClient::new(ch)
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT)

@@ -11,6 +11,7 @@ use coord_raft_store::storage::LogStore;
 use tonic::{Request, Response, Status};
 
 use super::DispatchCore;
+use crate::peers::PeerChannel;
 use crate::route::{Kind, Router};
 
 pub struct DispatcherService {
@@ -25,7 +26,7 @@ impl DispatcherService {
     }
 }
 
-fn client(ch: tonic::transport::Channel) -> DispatcherClient<tonic::transport::Channel> {
+fn client(ch: PeerChannel) -> DispatcherClient<PeerChannel> {
     DispatcherClient::new(ch)
         .max_decoding_message_size(crate::peers::PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(crate::peers::PEER_MESSAGE_LIMIT)
