@@ -43,8 +43,12 @@ impl Unsynced {
     }
 }
 
+/// How many of the newest entries' records [`Log::remember`] keeps, and how many bytes at most.
+const RECENT_ENTRIES: usize = 64;
+const RECENT_BYTES: usize = 4 << 20;
+
 /// Where one entry's record is.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Loc {
     seq: u64,
     offset: u64,
@@ -73,6 +77,10 @@ struct Log {
     active_len: u64,
     /// A write failed part way; the file's tail is unknown, so nothing more may be written.
     failed: Option<String>,
+    /// The records of the newest entries, by index: replication and apply read an entry right
+    /// after it was appended (three times on a leader), and this spares them the file.
+    recent: BTreeMap<u64, (Loc, bytes::Bytes)>,
+    recent_bytes: usize,
 }
 
 impl Log {
@@ -96,6 +104,30 @@ impl Log {
 
     fn truncate(&mut self, from: u64) {
         self.entries.split_off(&from);
+    }
+
+    /// Keeps `record` (the record at `loc`) among the recent ones, forgetting the oldest past
+    /// [`RECENT_ENTRIES`] or [`RECENT_BYTES`]. A record is served from here only while its
+    /// location is the one the index holds, so truncated entries are never read back.
+    fn remember(&mut self, loc: Loc, record: bytes::Bytes) {
+        self.recent_bytes += record.len();
+        if let Some((_, old)) = self.recent.insert(loc.log_id.index, (loc, record)) {
+            self.recent_bytes -= old.len();
+        }
+        while self.recent.len() > RECENT_ENTRIES || self.recent_bytes > RECENT_BYTES {
+            let Some((_, (_, old))) = self.recent.pop_first() else {
+                break;
+            };
+            self.recent_bytes -= old.len();
+        }
+    }
+
+    /// The record at `loc`, if it is among the recent ones.
+    fn recent_record(&self, loc: &Loc) -> Option<bytes::Bytes> {
+        self.recent
+            .get(&loc.log_id.index)
+            .filter(|(l, _)| l == loc)
+            .map(|(_, r)| r.clone())
     }
 
     /// Replays one record read back at open.
@@ -398,16 +430,17 @@ impl Wal {
         }
         let mut log = self.lock();
         let (seq, at) = self.write(&mut log, &records)?;
+        let records = bytes::Bytes::from(records);
         for (log_id, start, len) in spans {
-            log.entries.insert(
-                log_id.index,
-                Loc {
-                    seq,
-                    offset: at + start,
-                    len,
-                    log_id,
-                },
-            );
+            let loc = Loc {
+                seq,
+                offset: at + start,
+                len,
+                log_id,
+            };
+            log.entries.insert(log_id.index, loc);
+            let end = start as usize + len as usize;
+            log.remember(loc, records.slice(start as usize..end));
         }
         if let (Some((log_id, _)), Some(segment)) = (entries.last(), log.segments.get_mut(&seq)) {
             segment.max_index = Some(log_id.index);
@@ -513,7 +546,7 @@ impl Wal {
         range: RB,
         byte_budget: Option<usize>,
     ) -> Result<Vec<Entry>, (u64, String)> {
-        let locs: Vec<(Arc<File>, Loc)> = {
+        let locs: Vec<(Arc<File>, Loc, Option<bytes::Bytes>)> = {
             let log = self.lock();
             let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
             if matches!((start, end), (Bound::Included(s), Bound::Excluded(e)) if s >= e) {
@@ -529,7 +562,7 @@ impl Wal {
                 let Some(segment) = log.segments.get(&loc.seq) else {
                     return Err((loc.log_id.index, "its segment is gone".into()));
                 };
-                out.push((segment.file.clone(), loc));
+                out.push((segment.file.clone(), loc, log.recent_record(&loc)));
             }
             out
         };
@@ -537,37 +570,51 @@ impl Wal {
     }
 }
 
-/// Reads the records at `locs`, one read per run of adjacent records in one file.
-fn read_entries(locs: &[(Arc<File>, Loc)]) -> Result<Vec<Entry>, (u64, String)> {
+/// Decodes the records at `locs`: a recent one from memory, the others from their files, one
+/// read per run of adjacent records in one file.
+fn read_entries(
+    locs: &[(Arc<File>, Loc, Option<bytes::Bytes>)],
+) -> Result<Vec<Entry>, (u64, String)> {
     let mut out = Vec::with_capacity(locs.len());
     let mut i = 0;
     let mut buf = Vec::new();
     while i < locs.len() {
-        let (file, first) = &locs[i];
+        let (file, first, recent) = &locs[i];
+        if let Some(record) = recent {
+            out.push(decode_entry(first, record)?);
+            i += 1;
+            continue;
+        }
         let mut j = i + 1;
         let mut end = first.offset + first.len as u64;
-        while j < locs.len() && locs[j].1.seq == first.seq && locs[j].1.offset == end {
+        while j < locs.len()
+            && locs[j].2.is_none()
+            && locs[j].1.seq == first.seq
+            && locs[j].1.offset == end
+        {
             end += locs[j].1.len as u64;
             j += 1;
         }
         buf.resize((end - first.offset) as usize, 0);
         file.read_exact_at(&mut buf, first.offset)
             .map_err(|e| (first.log_id.index, format!("cannot read it: {e}")))?;
-        for (_, loc) in &locs[i..j] {
+        for (_, loc, _) in &locs[i..j] {
             let at = (loc.offset - first.offset) as usize;
-            let record = &buf[at..at + loc.len as usize];
-            let index = loc.log_id.index;
-            let (kind, payload) = segments::check_record(record).map_err(|e| (index, e))?;
-            if kind != Kind::Entry || payload.len() < ENTRY_HEAD {
-                return Err((index, "the record there is not an entry".into()));
-            }
-            let entry: Entry = codec::decode("log entry", &payload[ENTRY_HEAD..])
-                .map_err(|e| (index, e.to_string()))?;
-            out.push(entry);
+            out.push(decode_entry(loc, &buf[at..at + loc.len as usize])?);
         }
         i = j;
     }
     Ok(out)
+}
+
+/// The entry in `record`, the record at `loc`, checked.
+fn decode_entry(loc: &Loc, record: &[u8]) -> Result<Entry, (u64, String)> {
+    let index = loc.log_id.index;
+    let (kind, payload) = segments::check_record(record).map_err(|e| (index, e))?;
+    if kind != Kind::Entry || payload.len() < ENTRY_HEAD {
+        return Err((index, "the record there is not an entry".into()));
+    }
+    codec::decode("log entry", &payload[ENTRY_HEAD..]).map_err(|e| (index, e.to_string()))
 }
 
 #[cfg(test)]

@@ -336,3 +336,38 @@ fn a_segment_never_closed_on_disk_drops_the_one_started_after_it() {
     let err = Wal::open_with(dir.path(), 512).err().expect("refused");
     assert!(err.contains("no end record"), "{err}");
 }
+
+/// The newest entries are read back from memory (so replication and apply do not go to the file
+/// for an entry just written), older ones from the file, and a truncated entry's record is never
+/// served in place of the one appended after it.
+#[test]
+fn recent_entries_are_served_from_memory_and_truncation_is_respected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = open(dir.path(), 1 << 20);
+    for i in 0..100 {
+        wal.append(&entries(1, i..i + 1)).expect("append");
+    }
+    // Zero every segment file: what still reads back came from memory.
+    for path in segment_files(dir.path()) {
+        let len = std::fs::metadata(&path).expect("stat").len();
+        std::fs::write(&path, vec![0u8; len as usize]).expect("zero");
+    }
+    let first_recent = 100 - RECENT_ENTRIES as u64;
+    let recent = wal.read(first_recent..100, None).expect("recent entries");
+    assert_eq!(recent.len(), RECENT_ENTRIES);
+    assert!(
+        wal.read(first_recent - 1..first_recent, None).is_err(),
+        "an older entry is read from the (zeroed) file"
+    );
+
+    wal.truncate(90).expect("truncate");
+    wal.append(&entries(2, 90..95)).expect("append");
+    let got: Vec<(u64, u64)> = wal
+        .read(85..95, None)
+        .expect("read")
+        .iter()
+        .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+        .collect();
+    let want: Vec<(u64, u64)> = (85..95).map(|i| (i, if i < 90 { 1 } else { 2 })).collect();
+    assert_eq!(got, want);
+}
