@@ -26,10 +26,11 @@ use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tokio::time::Instant;
+use tonic::{Code, Request, Response, Status};
+
 /// A connection to one replica: writes coalesced, and a request's end sent with its message
 /// (see `coord_proto::conn`).
 pub(crate) type Channel = coord_proto::conn::EagerEnd<tonic::transport::Channel>;
-use tonic::{Code, Request, Response, Status};
 
 mod admin;
 

@@ -33,9 +33,10 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
 /// The first bytes of a replica's Raft connection to a peer. It cannot begin an HTTP/2 preface
@@ -66,10 +67,6 @@ impl<T> Coalesced<T> {
             written: 0,
             yielded: false,
         }
-    }
-
-    pub fn get_ref(&self) -> &T {
-        &self.inner
     }
 
     fn pending(&self) -> usize {
@@ -172,26 +169,32 @@ impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected
 /// `TCP_NODELAY`, from `local` when given), made on first use. TLS, timeouts and HTTP/2 settings
 /// are the endpoint's, as with [`Endpoint::connect_lazy`].
 pub fn connect_lazy(endpoint: &Endpoint, local: Option<IpAddr>) -> Channel {
-    endpoint.connect_with_connector_lazy(Connector {
-        local,
-        preface: &[],
-    })
+    endpoint.connect_with_connector_lazy(Connector::new(local, &[]))
 }
 
 /// [`connect_lazy`] for a replica's Raft traffic: every connection begins with [`RAFT_PREFACE`].
 pub fn connect_raft_lazy(endpoint: &Endpoint, local: Option<IpAddr>) -> Channel {
-    endpoint.connect_with_connector_lazy(Connector {
-        local,
-        preface: RAFT_PREFACE,
-    })
+    endpoint.connect_with_connector_lazy(Connector::new(local, RAFT_PREFACE))
 }
 
-/// Connects TCP for tonic (see [`connect_lazy`]).
+/// Connects TCP for tonic with hyper's own connector, then writes `preface` and wraps the
+/// connection in [`Coalesced`] (see [`connect_lazy`]).
 #[derive(Clone)]
 struct Connector {
-    local: Option<IpAddr>,
+    http: HttpConnector,
     /// Written before anything else.
     preface: &'static [u8],
+}
+
+impl Connector {
+    fn new(local: Option<IpAddr>, preface: &'static [u8]) -> Self {
+        let mut http = HttpConnector::new();
+        // https endpoints get TLS from tonic, on top of this connection.
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_local_address(local);
+        Self { http, preface }
+    }
 }
 
 type Connecting = Pin<Box<dyn Future<Output = io::Result<TokioIo<Coalesced<TcpStream>>>> + Send>>;
@@ -201,48 +204,16 @@ impl tower_service::Service<http::Uri> for Connector {
     type Error = io::Error;
     type Future = Connecting;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.http.poll_ready(cx).map_err(io::Error::other)
     }
 
     fn call(&mut self, uri: http::Uri) -> Connecting {
-        let (local, preface) = (self.local, self.preface);
+        let (connecting, preface) = (self.http.call(uri), self.preface);
         Box::pin(async move {
-            let host = uri
-                .host()
-                .ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, format!("{uri}: no host"))
-                })?
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string();
-            let https = uri.scheme_str() == Some("https");
-            let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-            let mut last = None;
-            for addr in tokio::net::lookup_host((host.as_str(), port)).await? {
-                let socket = if addr.is_ipv4() {
-                    TcpSocket::new_v4()?
-                } else {
-                    TcpSocket::new_v6()?
-                };
-                if let Some(ip) = local.filter(|ip| ip.is_ipv4() == addr.is_ipv4()) {
-                    socket.bind((ip, 0).into())?;
-                }
-                match socket.connect(addr).await {
-                    Ok(mut tcp) => {
-                        tcp.set_nodelay(true)?;
-                        tcp.write_all(preface).await?;
-                        return Ok(TokioIo::new(Coalesced::new(tcp)));
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.unwrap_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("{host}: no address to connect to"),
-                )
-            }))
+            let mut tcp = connecting.await.map_err(io::Error::other)?.into_inner();
+            tcp.write_all(preface).await?;
+            Ok(TokioIo::new(Coalesced::new(tcp)))
         })
     }
 }

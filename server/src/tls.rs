@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coord_proto::tls::{Ca, ClientTls, Identity, KeyPair};
+use futures::future::BoxFuture;
 use rustls_pki_types::{ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::client::danger::ServerCertVerifier;
@@ -144,8 +145,10 @@ fn server_config(pair: &KeyPair, ca: &Ca, auth: ClientAuthArg) -> Result<ServerC
 /// bounded by [`HANDSHAKE_TIMEOUT`]; a refused one is logged (see [`RefusalLog`]) and dropped.
 pub fn upgrade(
     config: Arc<ServerConfig>,
-) -> impl Fn(TcpStream, SocketAddr) -> BoxFuture<Option<TlsStream<TcpStream>>> + Send + Sync + 'static
-{
+) -> impl Fn(TcpStream, SocketAddr) -> BoxFuture<'static, Option<TlsStream<TcpStream>>>
+       + Send
+       + Sync
+       + 'static {
     let acceptor = TlsAcceptor::from(config);
     let log = Arc::new(RefusalLog::default());
     move |tcp, peer| {
@@ -165,8 +168,6 @@ pub fn upgrade(
         })
     }
 }
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Logs refused handshakes, at most [`LOGGED_PER_SECOND`] a second.
 struct RefusalLog {

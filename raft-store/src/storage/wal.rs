@@ -80,7 +80,6 @@ struct Log {
     /// The records of the newest entries, by index: replication and apply read an entry right
     /// after it was appended (three times on a leader), and this spares them the file.
     recent: BTreeMap<u64, (Loc, bytes::Bytes)>,
-    recent_bytes: usize,
 }
 
 impl Log {
@@ -110,15 +109,12 @@ impl Log {
     /// [`RECENT_ENTRIES`] or [`RECENT_BYTES`]. A record is served from here only while its
     /// location is the one the index holds, so truncated entries are never read back.
     fn remember(&mut self, loc: Loc, record: bytes::Bytes) {
-        self.recent_bytes += record.len();
-        if let Some((_, old)) = self.recent.insert(loc.log_id.index, (loc, record)) {
-            self.recent_bytes -= old.len();
-        }
-        while self.recent.len() > RECENT_ENTRIES || self.recent_bytes > RECENT_BYTES {
-            let Some((_, (_, old))) = self.recent.pop_first() else {
-                break;
-            };
-            self.recent_bytes -= old.len();
+        self.recent.insert(loc.log_id.index, (loc, record));
+        let bytes = |recent: &BTreeMap<u64, (Loc, bytes::Bytes)>| -> usize {
+            recent.values().map(|(_, r)| r.len()).sum()
+        };
+        while self.recent.len() > RECENT_ENTRIES || bytes(&self.recent) > RECENT_BYTES {
+            self.recent.pop_first();
         }
     }
 
