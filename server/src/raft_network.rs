@@ -86,7 +86,6 @@ impl PeerClient {
         &mut self,
         rpc: Rpc,
         req: &Req,
-        option: &RPCOption,
     ) -> RpcResult<Resp, E>
     where
         Req: Serialize,
@@ -103,11 +102,13 @@ impl PeerClient {
         };
         let payload = codec::encode("raft request", req)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = tonic::Request::new(RaftRequest {
+        // No grpc-timeout: openraft bounds every call itself, and dropping a call resets its
+        // stream, which cancels the handler on the peer too. The header would cost an encoding
+        // here and a timer there on every message.
+        let request = tonic::Request::new(RaftRequest {
             cluster_id: self.cluster_id,
             payload: payload.into(),
         });
-        request.set_timeout(option.hard_ttl().max(Duration::from_millis(1)));
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
@@ -132,25 +133,25 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
-        option: RPCOption,
+        _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::AppendEntries, &rpc, &option).await
+        self.call(Rpc::AppendEntries, &rpc).await
     }
 
     async fn install_snapshot(
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
+        _option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Rpc::InstallSnapshot, &rpc, &option).await
+        self.call(Rpc::InstallSnapshot, &rpc).await
     }
 
     async fn vote(
         &mut self,
         rpc: VoteRequest<NodeId>,
-        option: RPCOption,
+        _option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::Vote, &rpc, &option).await
+        self.call(Rpc::Vote, &rpc).await
     }
 
     /// A dead peer is retried every 200 ms: often enough that a restarted replica catches up at

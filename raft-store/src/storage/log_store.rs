@@ -140,8 +140,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.stored_vote())
     }
 
-    /// The committed id is a hint for replay after a restart; it rides on the next sync and need
-    /// not be durable on its own (a stale value only means the leader re-sends the commit index).
+    /// The committed id is a hint for replay after a restart; it rides on the next write and sync
+    /// and need not be durable on its own (a stale value only means the leader re-sends the commit
+    /// index). A commit thus costs the leader no system call before it applies.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         if let Some(c) = committed {
             self.inner

@@ -71,6 +71,9 @@ struct Log {
     purged: Option<LogId>,
     vote: Option<Vote>,
     committed: Option<LogId>,
+    /// `committed` changed since it was last written: the next write carries it (see
+    /// [`Wal::save_committed`]).
+    committed_unwritten: bool,
     segments: BTreeMap<u64, Segment>,
     /// Sequence number and length of the segment being written.
     active: u64,
@@ -384,7 +387,16 @@ impl Wal {
                 self.write_at_end(log, &restated)?;
             }
             let at = log.active_len;
-            self.write_at_end(log, records)?;
+            if log.committed_unwritten {
+                let mut with_hint = Vec::with_capacity(records.len() + 64);
+                with_hint.extend_from_slice(records);
+                let c = codec::encode("committed id", &log.committed).map_err(io::Error::other)?;
+                segments::put_record(&mut with_hint, Kind::Committed, &[&c]);
+                self.write_at_end(log, &with_hint)?;
+                log.committed_unwritten = false;
+            } else {
+                self.write_at_end(log, records)?;
+            }
             Ok((log.active, at))
         })();
         if let Err(e) = &result {
@@ -463,9 +475,16 @@ impl Wal {
         self.write_record(Kind::Vote, &bytes, |log| log.vote = Some(*vote))
     }
 
+    /// Notes the committed id. It is a hint for replay, so it costs no write of its own: the next
+    /// record written (an entry, most often) carries it. A replica that crashes before that replays
+    /// from an older hint, and the leader tells it the rest.
     pub(crate) fn save_committed(&self, committed: Option<LogId>) -> io::Result<()> {
-        let bytes = codec::encode("committed id", &committed).map_err(io::Error::other)?;
-        self.write_record(Kind::Committed, &bytes, |log| log.committed = committed)
+        let mut log = self.lock();
+        if log.committed != committed {
+            log.committed = committed;
+            log.committed_unwritten = true;
+        }
+        Ok(())
     }
 
     /// Removes entries from `from` on.

@@ -72,6 +72,28 @@ fn everything_written_comes_back_after_a_reopen() {
     assert_eq!(open(dir.path(), 1 << 20).bounds().1, Some(id(2, 12)));
 }
 
+/// A committed id is written with the next record, not on its own: a reopen before that record
+/// finds the hint written before it.
+#[test]
+fn the_committed_hint_rides_on_the_next_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let wal = open(dir.path(), 1 << 20);
+        wal.append(&entries(1, 0..5)).expect("append");
+        wal.save_committed(Some(id(1, 2))).expect("committed");
+        wal.append(&entries(1, 5..6)).expect("append");
+        wal.save_committed(Some(id(1, 4))).expect("committed");
+        assert_eq!(wal.committed(), Some(id(1, 4)), "known at once in memory");
+    }
+    let wal = open(dir.path(), 1 << 20);
+    assert_eq!(wal.committed(), Some(id(1, 2)), "the later hint had no write to ride on");
+    assert_eq!(wal.bounds().1, Some(id(1, 5)));
+    wal.save_committed(Some(id(1, 4))).expect("committed");
+    wal.save_vote(&Vote::new(2, 1)).expect("vote");
+    drop(wal);
+    assert_eq!(open(dir.path(), 1 << 20).committed(), Some(id(1, 4)));
+}
+
 #[test]
 fn full_segments_roll_over_and_purged_ones_go_without_losing_the_vote() {
     let dir = tempfile::tempdir().expect("tempdir");
