@@ -43,6 +43,10 @@ use tonic::transport::{Channel, Endpoint};
 /// (`PRI * HTTP/2.0`) or a TLS record (0x16).
 pub const RAFT_PREFACE: &[u8] = b"coord-raft/1\n";
 
+/// The first bytes of a leader's pre-append connection to a follower (the server's
+/// `pre_append`); as long as [`RAFT_PREFACE`].
+pub const PRE_APPEND_PREFACE: &[u8] = b"coord-apnd/1\n";
+
 /// Bytes held before a write goes out without waiting for a flush.
 const CAPACITY: usize = 64 * 1024;
 /// A buffer larger than this is freed once written out (a busy connection's usual flush, a few

@@ -58,6 +58,12 @@ pub struct SyncStats {
     /// Writes whose sync completed (or failed).
     pub jobs: AtomicU64,
     pub latency: Histogram,
+    /// Lone writes this replica, leading, sent to followers before its sync (`pre_append`).
+    pub pre_appends_sent: AtomicU64,
+    /// Pre-appends this replica, following, wrote; and those it did not take (another leader's,
+    /// or not extending its log).
+    pub pre_appends_written: AtomicU64,
+    pub pre_appends_passed: AtomicU64,
 }
 
 #[cfg(test)]

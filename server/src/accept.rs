@@ -2,7 +2,8 @@
 //! caller holds up nobody): one that begins with [`RAFT_PREFACE`] is a peer's Raft connection and
 //! goes to the server on the Raft thread, every other one to the client server (see
 //! `coord_proto::conn` for why). Then comes the upgrade (the TLS handshake, or nothing), and the
-//! connection is served with [`Coalesced`] writes.
+//! connection is served with [`Coalesced`] writes. A plain replica also takes a leader's
+//! pre-append connection ([`PRE_APPEND_PREFACE`], see `pre_append`), on the Raft thread too.
 
 use std::future::Future;
 use std::io;
@@ -10,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_proto::conn::{Coalesced, RAFT_PREFACE};
+use coord_proto::conn::{Coalesced, PRE_APPEND_PREFACE, RAFT_PREFACE};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -27,6 +28,17 @@ pub struct Incoming<IO> {
     pub clients: Connections<IO>,
     /// Connections that began with [`RAFT_PREFACE`].
     pub raft: Connections<IO>,
+    /// Plain TCP connections that began with [`PRE_APPEND_PREFACE`] (see `pre_append`), on the
+    /// Raft runtime; refused when `upgrade` does TLS.
+    pub pre_appends: ReceiverStream<(TcpStream, SocketAddr)>,
+}
+
+/// What a connection is, by its first bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Client,
+    Raft,
+    PreAppend,
 }
 
 /// Accepts on `listener` until both streams are dropped. `upgrade` turns a TCP connection into
@@ -36,6 +48,7 @@ pub fn incoming<IO, U, F>(
     listener: TcpListener,
     upgrade: U,
     raft_runtime: tokio::runtime::Handle,
+    plain: bool,
 ) -> Incoming<IO>
 where
     IO: Send + 'static,
@@ -44,6 +57,7 @@ where
 {
     let (clients_tx, clients_rx) = mpsc::channel(64);
     let (raft_tx, raft_rx) = mpsc::channel(8);
+    let (pre_tx, pre_rx) = mpsc::channel(8);
     let upgrade = Arc::new(upgrade);
     tokio::spawn(async move {
         loop {
@@ -60,21 +74,17 @@ where
                 },
             };
             let _ = tcp.set_nodelay(true);
-            let (upgrade, clients_tx, raft_tx, raft_runtime) = (
+            let (upgrade, clients_tx, raft_tx, pre_tx, raft_runtime) = (
                 upgrade.clone(),
                 clients_tx.clone(),
                 raft_tx.clone(),
+                pre_tx.clone(),
                 raft_runtime.clone(),
             );
             tokio::spawn(async move {
                 let mut tcp = tcp;
-                let raft = match tokio::time::timeout(
-                    FIRST_BYTES_TIMEOUT,
-                    begins_with_preface(&mut tcp),
-                )
-                .await
-                {
-                    Ok(Ok(raft)) => raft,
+                let kind = match tokio::time::timeout(FIRST_BYTES_TIMEOUT, sort(&mut tcp)).await {
+                    Ok(Ok(kind)) => kind,
                     Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "connection closed before its first bytes");
                         return;
@@ -84,10 +94,14 @@ where
                         return;
                     }
                 };
-                if !raft {
+                if kind == Kind::Client {
                     if let Some(io) = upgrade(tcp, peer).await {
                         let _ = clients_tx.send(Ok(Coalesced::new(io))).await;
                     }
+                    return;
+                }
+                if kind == Kind::PreAppend && !plain {
+                    tracing::debug!(%peer, "pre-append connection refused: this replica serves TLS");
                     return;
                 }
                 // A socket is polled by the runtime it was registered with: move it over, so
@@ -108,7 +122,9 @@ where
                             return;
                         }
                     };
-                    if let Some(io) = upgrade(tcp, peer).await {
+                    if kind == Kind::PreAppend {
+                        let _ = pre_tx.send((tcp, peer)).await;
+                    } else if let Some(io) = upgrade(tcp, peer).await {
                         let _ = raft_tx.send(Ok(Coalesced::new(io))).await;
                     }
                 });
@@ -118,6 +134,7 @@ where
     Incoming {
         clients: ReceiverStream::new(clients_rx),
         raft: ReceiverStream::new(raft_rx),
+        pre_appends: ReceiverStream::new(pre_rx),
     }
 }
 
@@ -125,24 +142,29 @@ async fn both_closed<T>(a: &mpsc::Sender<T>, b: &mpsc::Sender<T>) {
     tokio::join!(a.closed(), b.closed());
 }
 
-/// Whether `tcp` begins with [`RAFT_PREFACE`]; if so, the preface is consumed. Every gRPC client
-/// speaks first (the HTTP/2 preface or a TLS hello), and their first bytes differ from the
-/// preface's first, so a client's connection is told apart at its first byte and left untouched.
-async fn begins_with_preface(tcp: &mut TcpStream) -> io::Result<bool> {
+/// What `tcp` is, by its first bytes; a preface is consumed. Every gRPC client speaks first (the
+/// HTTP/2 preface or a TLS hello), and their first bytes differ from the prefaces' first, so a
+/// client's connection is told apart at its first byte and left untouched.
+async fn sort(tcp: &mut TcpStream) -> io::Result<Kind> {
+    const _: () = assert!(RAFT_PREFACE.len() == PRE_APPEND_PREFACE.len());
     let mut head = [0u8; RAFT_PREFACE.len()];
     loop {
         let n = tcp.peek(&mut head).await?;
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        if head[..n] != RAFT_PREFACE[..n] {
-            return Ok(false);
-        }
-        if n == RAFT_PREFACE.len() {
+        let kinds = [
+            (RAFT_PREFACE, Kind::Raft),
+            (PRE_APPEND_PREFACE, Kind::PreAppend),
+        ];
+        let Some(&(_, kind)) = kinds.iter().find(|(p, _)| head[..n] == p[..n]) else {
+            return Ok(Kind::Client);
+        };
+        if n == head.len() {
             tcp.read_exact(&mut head).await?;
-            return Ok(true);
+            return Ok(kind);
         }
-        // Part of the preface has arrived (it is sent in one write, so this is rare): peeking
+        // Part of a preface has arrived (it is sent in one write, so this is rare): peeking
         // again at once would return the same bytes, so wait a little for the rest.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -164,6 +186,7 @@ mod tests {
             listener,
             |tcp, _| async move { Some(tcp) },
             tokio::runtime::Handle::current(),
+            true,
         );
 
         let mut peer = TcpStream::connect(addr).await.expect("connect");

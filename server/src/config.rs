@@ -101,6 +101,12 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub max_inflight_proposals: usize,
 
+    /// Do not send a lone write to the followers while the leader syncs it; they then receive
+    /// it only after the leader's sync (openraft's order). Sending it ahead makes the three
+    /// replicas' syncs overlap.
+    #[arg(long)]
+    pub no_pre_append: bool,
+
     /// A coordinated job and its task count, `name=count` (repeat for each job), e.g.
     /// `--job worker=4 --job ps=2`.
     #[arg(long = "job", value_parser = parse_job)]

@@ -421,6 +421,24 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         "Duration of a log sync (fdatasync of the segments written since the last one).",
         &sy.latency,
     );
+    counter(
+        &mut out,
+        "coord_pre_appends_sent_total",
+        "Lone writes sent to followers while this replica, leading, synced them.",
+        sy.pre_appends_sent.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_pre_appends_written_total",
+        "Leader's pre-appends this replica wrote and synced before the leader's AppendEntries.",
+        sy.pre_appends_written.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_pre_appends_passed_total",
+        "Pre-appends this replica did not take (another leader's, or not extending its log).",
+        sy.pre_appends_passed.load(Relaxed),
+    );
 
     gauge(
         &mut out,

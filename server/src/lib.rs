@@ -49,6 +49,7 @@ pub mod metrics;
 pub mod oversized;
 pub mod parked;
 pub mod peers;
+pub mod pre_append;
 pub mod proposer;
 pub mod raft_network;
 pub mod raft_service;

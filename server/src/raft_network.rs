@@ -2,7 +2,8 @@
 //! and nowhere else, over the `coord.raft.RaftTransport` gRPC service.
 //!
 //! Requests and replies are openraft's own types, bincode-encoded. A peer that cannot be reached
-//! is reported as `Unreachable`, so openraft backs off instead of hammering it.
+//! is reported as `Unreachable`, so openraft backs off instead of hammering it. A leader's
+//! pre-appends, which openraft knows nothing of, take a path of their own (`pre_append`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use coord_proto::coord::raft::raft_transport_client::RaftTransportClient;
 use coord_proto::coord::raft::RaftRequest;
 use coord_raft_store::codec;
+use coord_raft_store::types::Raft;
 use coord_raft_store::types::{NodeId, TypeConfig};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -30,6 +32,7 @@ use crate::peers::{PeerChannel, PeerChannels, PEER_MESSAGE_LIMIT};
 pub struct Network {
     cluster_id: u64,
     channels: Arc<PeerChannels>,
+    source: Option<std::net::IpAddr>,
 }
 
 impl Network {
@@ -41,7 +44,16 @@ impl Network {
         Self {
             cluster_id,
             channels: Arc::new(PeerChannels::for_raft(source, tls)),
+            source,
         }
+    }
+}
+
+impl Network {
+    /// Sends a leader's pre-appends (see `coord_raft_store::storage::pre_append`) to the other
+    /// voters of `raft`'s membership.
+    pub fn pre_appender(&self, raft: Raft, me: NodeId) -> crate::pre_append::PreAppender {
+        crate::pre_append::PreAppender::new(raft, me, self.cluster_id, self.source)
     }
 }
 
@@ -82,11 +94,7 @@ enum Rpc {
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl PeerClient {
-    async fn call<Req, Resp, E>(
-        &mut self,
-        rpc: Rpc,
-        req: &Req,
-    ) -> RpcResult<Resp, E>
+    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, req: &Req) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,

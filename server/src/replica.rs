@@ -195,11 +195,16 @@ impl Replica {
         let config = Arc::new(raft_config(&args)?);
         let id = args.id;
         let network = Network::new(cluster_id, args.peer_source_ip, peer_tls.clone());
+        let pre_appends = network.clone();
         let raft = raft_runtime
             .spawn(async move { Raft::new(id, config, network, log, sm).await })
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?
             .map_err(|e| StartError::Raft(e.to_string()))?;
+        if !args.no_pre_append && peer_tls.is_none() {
+            journal_log
+                .send_lone_writes_ahead(id, Arc::new(pre_appends.pre_appender(raft.clone(), id)));
+        }
 
         let mut tasks = TaskGuard::default();
         let metrics = Arc::new(Metrics::default());
@@ -421,8 +426,12 @@ impl Replica {
             .map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
         let grpc_task = match this.server_tls.clone() {
             Some(tls) => {
-                let incoming =
-                    crate::accept::incoming(grpc, crate::tls::upgrade(tls), raft_runtime.clone());
+                let incoming = crate::accept::incoming(
+                    grpc,
+                    crate::tls::upgrade(tls),
+                    raft_runtime.clone(),
+                    false,
+                );
                 raft_runtime
                     .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
@@ -432,9 +441,18 @@ impl Replica {
                     grpc,
                     |tcp, _| std::future::ready(Some(tcp)),
                     raft_runtime.clone(),
+                    true,
                 );
                 raft_runtime
                     .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
+                let (log, cluster_id) = (this.log.clone(), this.cluster_id);
+                let mut pre_appends = incoming.pre_appends;
+                raft_runtime.spawn(async move {
+                    use tokio_stream::StreamExt;
+                    while let Some((tcp, peer)) = pre_appends.next().await {
+                        tokio::spawn(crate::pre_append::serve(tcp, peer, log.clone(), cluster_id));
+                    }
+                });
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
             }
         };

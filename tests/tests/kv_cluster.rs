@@ -433,3 +433,50 @@ async fn http_endpoints_report_health_and_status() {
     )
     .await;
 }
+
+/// A lone write goes to a follower while the leader syncs it (a pre-append), and the follower's
+/// log takes it: the counters on both sides move, and every write is read back, also after the
+/// leader is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_writes_reach_a_follower_before_the_leaders_sync() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let client = client_of(c.endpoints());
+    client.find_leader().await;
+    let n = 50;
+    for i in 0..n {
+        client
+            .insert(&format!("lone/{i}"), format!("v{i}"), false)
+            .await
+            .expect("insert");
+    }
+    let sent = metric(&c, leader, "coord_pre_appends_sent_total");
+    let written: f64 = c
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .map(|id| metric(&c, id, "coord_pre_appends_written_total"))
+        .sum();
+    // The first writes go the usual way while the connection is made.
+    assert!(
+        sent >= f64::from(n) / 2.0,
+        "{sent} of {n} lone writes sent ahead"
+    );
+    assert!(
+        written >= 1.0,
+        "followers wrote {written} of {sent} pre-appends"
+    );
+
+    c.kill(leader);
+    let next = c.wait_for_leader(LEADER_TIMEOUT).await;
+    assert_ne!(next, leader);
+    let dir = client
+        .get_dir("lone")
+        .await
+        .expect("get_dir after the leader's death");
+    assert_eq!(dir.len(), n as usize);
+    for (k, v) in dir {
+        let i = k.strip_prefix("lone/").expect("key");
+        assert_eq!(v, Bytes::from(format!("v{i}")));
+    }
+}

@@ -157,6 +157,18 @@ impl Flusher {
         self.send(Job::Append(cb))
     }
 
+    /// [`Self::sync`], but on the caller's thread when nothing is queued or being synced (see
+    /// [`Self::sync_here`]).
+    pub(crate) async fn sync_now(&self) -> io::Result<()> {
+        if self.shared.pending.load(Acquire) == 0 {
+            if let Ok(mut syncer) = self.shared.target.try_lock() {
+                let result = syncer.sync(&self.stats);
+                return result.map_err(io::Error::other);
+            }
+        }
+        self.sync().await
+    }
+
     /// Returns once everything written before the call is durable.
     pub(crate) async fn sync(&self) -> io::Result<()> {
         let (tx, rx) = oneshot::channel();

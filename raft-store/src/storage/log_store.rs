@@ -5,6 +5,10 @@
 //! completion callback to the [`Flusher`], which calls it only after `fdatasync`. `save_vote`,
 //! `truncate` and `purge` wait for a sync before returning. All records go to one file at a time
 //! and a sync covers every write made before it, so writes reach disk in submission order.
+//!
+//! A leader's lone write also goes to followers before it is synced ([`super::pre_append`]); a
+//! follower's log may therefore hold entries its Raft core has not been told of yet, and `append`
+//! neither writes those again nor keeps them when different ones come at their indexes.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -18,6 +22,7 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 
 use super::flusher::{Flusher, LogPositions};
+use super::pre_append::{PreAppend, PreAppendSink, MAX_PRE_APPEND_BYTES};
 use super::wal::Wal;
 use super::witness::Witness;
 
@@ -36,6 +41,9 @@ struct Inner {
     flusher: Flusher,
     witness: Arc<Witness>,
     positions: Arc<LogPositions>,
+    /// This replica's id and where its lone writes go while it syncs them, if anywhere (see
+    /// [`super::pre_append`]).
+    pre_append: std::sync::OnceLock<(u64, Arc<dyn PreAppendSink>)>,
 }
 
 /// An error of kind `make` (write_vote, write_logs, …) caused by `e`.
@@ -66,8 +74,57 @@ impl LogStore {
                 flusher,
                 witness,
                 positions,
+                pre_append: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// From now on, when replica `me` leads, each of its lone writes goes to `sink` right after
+    /// it is written, before it is synced (see [`super::pre_append`]). Set once.
+    pub fn send_lone_writes_ahead(&self, me: u64, sink: Arc<dyn PreAppendSink>) {
+        let _ = self.inner.pre_append.set((me, sink));
+    }
+
+    /// A follower's side of [`super::pre_append`]: writes `msg`'s entries if they extend this
+    /// log exactly as an AppendEntries of the leader this replica follows would, and returns
+    /// once they are durable. Returns whether they were written; entries that do not decode to
+    /// their log ids are refused.
+    pub async fn pre_append(&self, msg: PreAppend) -> Result<bool, String> {
+        let first = msg.prev.map_or(0, |p| p.index + 1);
+        for (i, (id, bytes)) in msg.entries.iter().enumerate() {
+            let entry: Entry = codec::decode("log entry", bytes).map_err(|e| e.to_string())?;
+            if entry.log_id != *id || id.index != first + i as u64 {
+                return Err(format!(
+                    "entry {i} of a pre-append is {} where {id} at index {} was announced",
+                    entry.log_id,
+                    first + i as u64
+                ));
+            }
+        }
+        let Some((last, _)) = msg.entries.last() else {
+            return Ok(false);
+        };
+        let written = self
+            .inner
+            .wal
+            .append_if(&msg.vote, msg.prev, &msg.entries)
+            .map_err(|e| e.to_string())?;
+        let stats = self.inner.flusher.stats();
+        if !written {
+            stats.pre_appends_passed.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
+        stats.pre_appends_written.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .positions
+            .appended
+            .store(last.index, Ordering::Release);
+        self.inner
+            .flusher
+            .sync_now()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(true)
     }
 
     /// Writes the initial (empty) witness of a new log.
@@ -87,6 +144,35 @@ impl LogStore {
 
     pub(crate) fn stored_vote(&self) -> Option<Vote> {
         self.inner.wal.vote()
+    }
+}
+
+impl LogStore {
+    /// The pre-append of `entries`, just written after `prev`, and where it goes: only when this
+    /// replica leads and wrote them as leader.
+    fn ahead(
+        &self,
+        prev: Option<LogId>,
+        entries: &[(LogId, Vec<u8>)],
+    ) -> Option<(PreAppend, Arc<dyn PreAppendSink>)> {
+        let (me, sink) = self.inner.pre_append.get()?;
+        let vote = self.stored_vote()?;
+        let (last, _) = entries.last()?;
+        let bytes: usize = entries.iter().map(|(_, b)| b.len()).sum();
+        let leads = bytes <= MAX_PRE_APPEND_BYTES
+            && vote.is_committed()
+            && vote.leader_id().voted_for() == Some(*me)
+            && last.leader_id.node_id == *me;
+        leads.then(|| {
+            (
+                PreAppend {
+                    vote,
+                    prev,
+                    entries: entries.to_vec(),
+                },
+                sink.clone(),
+            )
+        })
     }
 }
 
@@ -175,7 +261,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|entry| Ok((entry.log_id, codec::encode("log entry", &entry)?)))
             .collect::<Result<Vec<_>, codec::CodecError>>()
             .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
-        self.inner.wal.append(&encoded).map_err(err)?;
+        let prev = self.inner.wal.bounds().1;
+        let written = self.inner.wal.append(&encoded).map_err(err)?;
         let positions = &self.inner.positions;
         let mut lone = false;
         if let Some((last, _)) = encoded.last() {
@@ -187,6 +274,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             lone = positions.committed.load(Ordering::Acquire) >= before;
         }
         if lone {
+            if let Some(ahead) = self.ahead(prev, &encoded) {
+                // This replica's sync starts on the flusher thread while this one sends the
+                // entries: the syncs overlap.
+                let queued = self.inner.flusher.after_sync(callback).map_err(err);
+                let sent = ahead.1.send(ahead.0);
+                self.inner
+                    .flusher
+                    .stats()
+                    .pre_appends_sent
+                    .fetch_add(sent as u64, Ordering::Relaxed);
+                return queued;
+            }
+            self.inner.flusher.sync_here(callback).map_err(err)
+        } else if written == 0 {
+            // A pre-append wrote them already, and its sync has them or is under way: nothing
+            // to wait for but that.
             self.inner.flusher.sync_here(callback).map_err(err)
         } else {
             self.inner.flusher.after_sync(callback).map_err(err)

@@ -12,6 +12,7 @@
 pub mod files;
 pub mod flusher;
 pub mod log_store;
+pub mod pre_append;
 pub mod segments;
 pub mod snapshot;
 pub mod state_machine;

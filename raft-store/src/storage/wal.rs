@@ -422,8 +422,49 @@ impl Wal {
         Ok(())
     }
 
-    /// Appends encoded entries (log id, bincode bytes), in index order.
-    pub(crate) fn append(&self, entries: &[(LogId, Vec<u8>)]) -> io::Result<()> {
+    /// Appends encoded entries (log id, bincode bytes), in index order. Leading entries the log
+    /// already holds with the same ids (written by [`Self::append_if`]) are not written again;
+    /// entries it holds at the indexes of the rest are replaced, as openraft, which did not know
+    /// of them, expects. Returns how many entries were written.
+    pub(crate) fn append(&self, entries: &[(LogId, Vec<u8>)]) -> io::Result<usize> {
+        let mut log = self.lock();
+        let held = entries
+            .iter()
+            .take_while(|(id, _)| log.entries.get(&id.index).map(|l| l.log_id) == Some(*id))
+            .count();
+        let entries = &entries[held..];
+        let Some((first, _)) = entries.first() else {
+            return Ok(0);
+        };
+        if log.last().is_some_and(|last| last.index >= first.index) {
+            let mut record = Vec::new();
+            segments::put_record(&mut record, Kind::Truncated, &[&first.index.to_le_bytes()]);
+            self.write(&mut log, &record)?;
+            log.truncate(first.index);
+        }
+        self.append_locked(&mut log, entries)?;
+        Ok(entries.len())
+    }
+
+    /// Appends `entries` only if the log's vote is `vote`, a leader's, and the log ends at `prev`
+    /// (see `pre_append`): the entries then extend the log just as that leader's AppendEntries
+    /// would. Returns whether they were written.
+    pub(crate) fn append_if(
+        &self,
+        vote: &Vote,
+        prev: Option<LogId>,
+        entries: &[(LogId, Vec<u8>)],
+    ) -> io::Result<bool> {
+        let mut log = self.lock();
+        let last = log.last().max(log.purged);
+        if !vote.is_committed() || log.vote.as_ref() != Some(vote) || last != prev {
+            return Ok(false);
+        }
+        self.append_locked(&mut log, entries)?;
+        Ok(true)
+    }
+
+    fn append_locked(&self, log: &mut Log, entries: &[(LogId, Vec<u8>)]) -> io::Result<()> {
         let mut records = Vec::with_capacity(
             entries
                 .iter()
@@ -436,8 +477,7 @@ impl Wal {
             segments::put_entry(&mut records, log_id, bytes);
             spans.push((*log_id, start as u64, (records.len() - start) as u32));
         }
-        let mut log = self.lock();
-        let (seq, at) = self.write(&mut log, &records)?;
+        let (seq, at) = self.write(log, &records)?;
         let records = bytes::Bytes::from(records);
         for (log_id, start, len) in spans {
             let loc = Loc {

@@ -86,7 +86,11 @@ fn the_committed_hint_rides_on_the_next_write() {
         assert_eq!(wal.committed(), Some(id(1, 4)), "known at once in memory");
     }
     let wal = open(dir.path(), 1 << 20);
-    assert_eq!(wal.committed(), Some(id(1, 2)), "the later hint had no write to ride on");
+    assert_eq!(
+        wal.committed(),
+        Some(id(1, 2)),
+        "the later hint had no write to ride on"
+    );
     assert_eq!(wal.bounds().1, Some(id(1, 5)));
     wal.save_committed(Some(id(1, 4))).expect("committed");
     wal.save_vote(&Vote::new(2, 1)).expect("vote");
@@ -392,4 +396,79 @@ fn recent_entries_are_served_from_memory_and_truncation_is_respected() {
         .collect();
     let want: Vec<(u64, u64)> = (85..95).map(|i| (i, if i < 90 { 1 } else { 2 })).collect();
     assert_eq!(got, want);
+}
+
+/// A pre-append (`append_if`) writes only when the log's vote is the sender's, a leader's, and
+/// the log ends where the entries begin; otherwise nothing changes.
+#[test]
+fn a_pre_append_extends_the_log_only_as_the_leaders_append_would() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = open(dir.path(), 1 << 20);
+    wal.append(&entries(1, 1..4)).expect("append");
+    let leader = Vote::new_committed(1, 1);
+    wal.save_vote(&leader).expect("vote");
+
+    let refused = [
+        (Vote::new(1, 1), Some(id(1, 3)), "a vote not yet a leader's"),
+        (
+            Vote::new_committed(2, 2),
+            Some(id(1, 3)),
+            "another leader's vote",
+        ),
+        (
+            leader,
+            Some(id(1, 2)),
+            "entries that do not start at the log's end",
+        ),
+        (leader, Some(id(2, 3)), "a previous entry of another term"),
+    ];
+    for (vote, prev, what) in refused {
+        let written = wal
+            .append_if(&vote, prev, &entries(1, 4..5))
+            .expect("append_if");
+        assert!(!written, "{what} was written");
+        assert_eq!(wal.bounds().1, Some(id(1, 3)), "{what} changed the log");
+    }
+
+    assert!(wal
+        .append_if(&leader, Some(id(1, 3)), &entries(1, 4..6))
+        .expect("append_if"));
+    assert_eq!(wal.bounds().1, Some(id(1, 5)));
+    drop(wal);
+    let wal = open(dir.path(), 1 << 20);
+    assert_eq!(contents(&wal), (1..6).map(|i| (i, 1)).collect::<Vec<_>>());
+}
+
+/// openraft, which does not know of pre-appended entries, appends them again: the ones held
+/// already are not written twice, and different ones at their indexes replace them.
+#[test]
+fn an_append_skips_entries_held_and_replaces_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = open(dir.path(), 1 << 20);
+    wal.append(&entries(1, 1..4)).expect("append");
+    wal.save_vote(&Vote::new_committed(1, 1)).expect("vote");
+    assert!(wal
+        .append_if(
+            &Vote::new_committed(1, 1),
+            Some(id(1, 3)),
+            &entries(1, 4..6)
+        )
+        .expect("append_if"));
+
+    assert_eq!(
+        wal.append(&entries(1, 4..6)).expect("append"),
+        0,
+        "all held"
+    );
+    assert_eq!(wal.append(&entries(1, 5..7)).expect("append"), 1, "one new");
+    assert_eq!(contents(&wal), (1..7).map(|i| (i, 1)).collect::<Vec<_>>());
+
+    // A new leader's entries from index 5 on replace the old term's 5 and 6.
+    assert_eq!(wal.append(&entries(2, 5..6)).expect("append"), 1);
+    let expected = vec![(1, 1), (2, 1), (3, 1), (4, 1), (5, 2)];
+    assert_eq!(contents(&wal), expected);
+    drop(wal);
+    let wal = open(dir.path(), 1 << 20);
+    assert_eq!(contents(&wal), expected, "the same after a reopen");
+    assert_eq!(wal.bounds().1, Some(id(2, 5)));
 }
