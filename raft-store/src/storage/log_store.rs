@@ -148,16 +148,13 @@ impl LogStore {
 }
 
 impl LogStore {
-    /// The pre-append of `entries`, just written after `prev`, and where it goes: only when this
-    /// replica leads and wrote them as leader.
-    fn ahead(
-        &self,
-        prev: Option<LogId>,
-        entries: &[(LogId, Vec<u8>)],
-    ) -> Option<(PreAppend, Arc<dyn PreAppendSink>)> {
+    /// The pre-append of `entries`, just written, and where it goes: only when this replica
+    /// leads and wrote them as leader.
+    fn ahead(&self, entries: &[(LogId, Vec<u8>)]) -> Option<(PreAppend, Arc<dyn PreAppendSink>)> {
         let (me, sink) = self.inner.pre_append.get()?;
         let vote = self.stored_vote()?;
-        let (last, _) = entries.last()?;
+        let ((first, _), (last, _)) = (entries.first()?, entries.last()?);
+        let prev = self.inner.wal.id_before(first.index);
         let bytes: usize = entries.iter().map(|(_, b)| b.len()).sum();
         let leads = bytes <= MAX_PRE_APPEND_BYTES
             && vote.is_committed()
@@ -261,7 +258,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|entry| Ok((entry.log_id, codec::encode("log entry", &entry)?)))
             .collect::<Result<Vec<_>, codec::CodecError>>()
             .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
-        let prev = self.inner.wal.bounds().1;
         let written = self.inner.wal.append(&encoded).map_err(err)?;
         let positions = &self.inner.positions;
         let mut lone = false;
@@ -274,7 +270,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             lone = positions.committed.load(Ordering::Acquire) >= before;
         }
         if lone {
-            if let Some(ahead) = self.ahead(prev, &encoded) {
+            if let Some(ahead) = self.ahead(&encoded).filter(|_| written == encoded.len()) {
                 // This replica's sync starts on the flusher thread while this one sends the
                 // entries: the syncs overlap.
                 let queued = self.inner.flusher.after_sync(callback).map_err(err);

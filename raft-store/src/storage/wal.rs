@@ -446,6 +446,16 @@ impl Wal {
         Ok(entries.len())
     }
 
+    /// The id of the entry just before `index` (the purge point when that entry is purged).
+    pub(crate) fn id_before(&self, index: u64) -> Option<LogId> {
+        let i = index.checked_sub(1)?;
+        let log = self.lock();
+        log.entries
+            .get(&i)
+            .map(|l| l.log_id)
+            .or(log.purged.filter(|p| p.index == i))
+    }
+
     /// Appends `entries` only if the log's vote is `vote`, a leader's, and the log ends at `prev`
     /// (see `pre_append`): the entries then extend the log just as that leader's AppendEntries
     /// would. Returns whether they were written.

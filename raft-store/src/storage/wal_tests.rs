@@ -472,3 +472,21 @@ fn an_append_skips_entries_held_and_replaces_others() {
     assert_eq!(contents(&wal), expected, "the same after a reopen");
     assert_eq!(wal.bounds().1, Some(id(2, 5)));
 }
+
+/// The id a pre-append names as its entries' predecessor: the entry before, or the purge point.
+#[test]
+fn the_id_before_an_index_is_the_entry_or_the_purge_point() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = open(dir.path(), 1 << 20);
+    assert_eq!(wal.id_before(0), None);
+    wal.append(&entries(1, 0..4)).expect("append");
+    assert_eq!(wal.id_before(3), Some(id(1, 2)));
+    assert_eq!(wal.id_before(4), Some(id(1, 3)));
+    wal.purge(id(1, 3)).expect("purge");
+    assert_eq!(wal.id_before(4), Some(id(1, 3)), "the purge point");
+    assert_eq!(wal.id_before(3), None, "purged and not the purge point");
+    // A replaced entry is not the predecessor any more.
+    wal.append(&entries(2, 4..6)).expect("append");
+    wal.append(&entries(3, 5..6)).expect("append");
+    assert_eq!(wal.id_before(6), Some(id(3, 5)));
+}
