@@ -63,18 +63,26 @@ impl PreAppender {
         }
     }
 
-    /// The other voters' addresses, in id order, and to how many of them a pre-append goes:
-    /// as many as a quorum needs besides the leader (one of two followers). More would add
-    /// syncs the commit does not wait for, which, where replicas share a disk, slow down those
-    /// it does wait for.
+    /// The other voters' addresses, those furthest replicated first (then in id order), and to
+    /// how many of them a pre-append goes: as many as a quorum needs besides the leader (one of
+    /// two followers). More would add syncs the commit does not wait for, which, where replicas
+    /// share a disk, slow down those it does wait for. A follower that lags (restarting,
+    /// paused, cut off) would only pass the entries by, so one that keeps up is tried first.
     fn followers(&self) -> (Vec<String>, usize) {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         let membership = m.membership_config.membership();
         let voters = membership.voter_ids().count();
-        let addrs = membership
-            .voter_ids()
-            .filter(|id| *id != self.me)
+        let matched = |id: &NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(id).copied().flatten())
+                .map(|l| l.index)
+        };
+        let mut others: Vec<NodeId> = membership.voter_ids().filter(|id| *id != self.me).collect();
+        others.sort_by_key(|id| (std::cmp::Reverse(matched(id)), *id));
+        let addrs = others
+            .into_iter()
             .filter_map(|id| membership.get_node(&id).map(|n| n.addr.clone()))
             .collect();
         (addrs, voters / 2)

@@ -480,3 +480,52 @@ async fn lone_writes_reach_a_follower_before_the_leaders_sync() {
         assert_eq!(v, Bytes::from(format!("v{i}")));
     }
 }
+
+/// A follower that stops keeping up (here: paused) no longer gets the leader's pre-appends; the
+/// one that keeps up does, so lone writes still have their syncs overlapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_appends_go_to_the_follower_that_keeps_up() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let client = client_of(c.endpoints());
+    client.find_leader().await;
+    for i in 0..20 {
+        client
+            .insert(&format!("warm/{i}"), "v", false)
+            .await
+            .expect("insert");
+    }
+    let written = |c: &Cluster, id| metric(c, id, "coord_pre_appends_written_total");
+    let followers: Vec<u64> = c.ids().into_iter().filter(|id| *id != leader).collect();
+    let (a, b) = (followers[0], followers[1]);
+    let (taker, other) = if written(&c, a) >= written(&c, b) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    assert!(written(&c, taker) >= 1.0, "no follower took a pre-append");
+
+    c.pause(taker);
+    // The first of these find the paused follower level with the other and open the
+    // connection to the other.
+    let lone = |i| format!("lone/{i}");
+    for i in 0..10 {
+        client.insert(&lone(i), "v", false).await.expect("insert");
+    }
+    let before = written(&c, other);
+    let n = 40;
+    for i in 10..10 + n {
+        client
+            .insert(&lone(i), "v", false)
+            .await
+            .expect("insert with one follower paused");
+    }
+    let taken = written(&c, other) - before;
+    c.resume(taker);
+    assert!(
+        taken >= f64::from(n) * 0.75,
+        "replica {other} wrote {taken} of {n} lone writes' pre-appends while replica {taker} was paused"
+    );
+    let dir = client.get_dir("lone").await.expect("get_dir");
+    assert_eq!(dir.len(), 10 + n as usize);
+}
