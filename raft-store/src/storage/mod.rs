@@ -1,6 +1,7 @@
 //! The durable side of a replica: where the Raft log, the vote and the snapshots live.
 //!
-//! - [`segments`]: the log's file format; [`wal`]: its index, writer and recovery.
+//! - [`segments`]: the log's file format; [`wal`]: its writer, reader and recovery, over the
+//!   in-memory index of `log_index`.
 //! - [`flusher`]: group commit; the only place that syncs the log to disk.
 //! - [`log_store`]: openraft's `RaftLogStorage` over the [`wal`].
 //! - [`witness`]: what the log must at least contain, kept beside it to catch damage.
@@ -11,6 +12,7 @@
 
 pub mod files;
 pub mod flusher;
+mod log_index;
 pub mod log_store;
 pub mod pre_append;
 pub mod segments;

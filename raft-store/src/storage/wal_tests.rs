@@ -2,6 +2,7 @@
 //! are deleted once purged, a torn tail is cut, and damage anywhere else is refused.
 
 use super::*;
+use crate::storage::log_index::RECENT_ENTRIES;
 use openraft::{CommittedLeaderId, EntryPayload};
 
 fn id(term: u64, index: u64) -> LogId {
