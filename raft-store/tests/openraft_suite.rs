@@ -6,9 +6,9 @@ use coord_raft_store::storage::{LogStore, StateMachineStore, StoreOptions};
 use coord_raft_store::types::{StorageError, TypeConfig};
 use openraft::testing::{StoreBuilder, Suite};
 
-struct SledBuilder;
+struct DataDirBuilder;
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for SledBuilder {
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for DataDirBuilder {
     async fn build(
         &self,
     ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
@@ -20,7 +20,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
 
 #[test]
 fn openraft_storage_suite() {
-    if let Err(e) = Suite::test_all(SledBuilder) {
+    if let Err(e) = Suite::test_all(DataDirBuilder) {
         panic!("openraft storage suite failed: {e}");
     }
 }
