@@ -47,6 +47,10 @@ pub const RAFT_PREFACE: &[u8] = b"coord-raft/1\n";
 /// `pre_append`); as long as [`RAFT_PREFACE`].
 pub const PRE_APPEND_PREFACE: &[u8] = b"coord-apnd/1\n";
 
+/// The first bytes of a replication stream's AppendEntries link (the server's `raft_link`); as
+/// long as [`RAFT_PREFACE`].
+pub const RAFT_LINK_PREFACE: &[u8] = b"coord-rlnk/1\n";
+
 /// Bytes held before a write goes out without waiting for a flush.
 const CAPACITY: usize = 64 * 1024;
 /// A buffer larger than this is freed once written out (a busy connection's usual flush, a few

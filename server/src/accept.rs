@@ -2,8 +2,9 @@
 //! caller holds up nobody): one that begins with [`RAFT_PREFACE`] is a peer's Raft connection and
 //! goes to the server on the Raft thread, every other one to the client server (see
 //! `coord_proto::conn` for why). Then comes the upgrade (the TLS handshake, or nothing), and the
-//! connection is served with [`Coalesced`] writes. A plain replica also takes a leader's
-//! pre-append connection ([`PRE_APPEND_PREFACE`], see `pre_append`), on the Raft thread too.
+//! connection is served with [`Coalesced`] writes. A plain replica also takes plain framed TCP
+//! links, on the Raft thread too: a leader's pre-appends ([`PRE_APPEND_PREFACE`], see
+//! `pre_append`) and replication streams' AppendEntries ([`RAFT_LINK_PREFACE`], see `raft_link`).
 
 use std::future::Future;
 use std::io;
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_proto::conn::{Coalesced, PRE_APPEND_PREFACE, RAFT_PREFACE};
+use coord_proto::conn::{Coalesced, PRE_APPEND_PREFACE, RAFT_LINK_PREFACE, RAFT_PREFACE};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -28,9 +29,18 @@ pub struct Incoming<IO> {
     pub clients: Connections<IO>,
     /// Connections that began with [`RAFT_PREFACE`].
     pub raft: Connections<IO>,
-    /// Plain TCP connections that began with [`PRE_APPEND_PREFACE`] (see `pre_append`), on the
+    /// Plain TCP links that began with [`PRE_APPEND_PREFACE`] or [`RAFT_LINK_PREFACE`], on the
     /// Raft runtime; refused when `upgrade` does TLS.
-    pub pre_appends: ReceiverStream<(TcpStream, SocketAddr)>,
+    pub links: ReceiverStream<(Link, TcpStream, SocketAddr)>,
+}
+
+/// What a plain framed link carries.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Link {
+    /// A leader's pre-appends (`pre_append`).
+    PreAppend,
+    /// A replication stream's AppendEntries (`raft_link`).
+    Raft,
 }
 
 /// What a connection is, by its first bytes.
@@ -38,7 +48,7 @@ pub struct Incoming<IO> {
 enum Kind {
     Client,
     Raft,
-    PreAppend,
+    Link(Link),
 }
 
 /// Accepts on `listener` until both streams are dropped. `upgrade` turns a TCP connection into
@@ -100,8 +110,8 @@ where
                     }
                     return;
                 }
-                if kind == Kind::PreAppend && !plain {
-                    tracing::debug!(%peer, "pre-append connection refused: this replica serves TLS");
+                if matches!(kind, Kind::Link(_)) && !plain {
+                    tracing::debug!(%peer, "plain {kind:?} connection refused: this replica serves TLS");
                     return;
                 }
                 // A socket is polled by the runtime it was registered with: move it over, so
@@ -122,8 +132,8 @@ where
                             return;
                         }
                     };
-                    if kind == Kind::PreAppend {
-                        let _ = pre_tx.send((tcp, peer)).await;
+                    if let Kind::Link(link) = kind {
+                        let _ = pre_tx.send((link, tcp, peer)).await;
                     } else if let Some(io) = upgrade(tcp, peer).await {
                         let _ = raft_tx.send(Ok(Coalesced::new(io))).await;
                     }
@@ -134,7 +144,7 @@ where
     Incoming {
         clients: ReceiverStream::new(clients_rx),
         raft: ReceiverStream::new(raft_rx),
-        pre_appends: ReceiverStream::new(pre_rx),
+        links: ReceiverStream::new(pre_rx),
     }
 }
 
@@ -147,6 +157,7 @@ async fn both_closed<T>(a: &mpsc::Sender<T>, b: &mpsc::Sender<T>) {
 /// client's connection is told apart at its first byte and left untouched.
 async fn sort(tcp: &mut TcpStream) -> io::Result<Kind> {
     const _: () = assert!(RAFT_PREFACE.len() == PRE_APPEND_PREFACE.len());
+    const _: () = assert!(RAFT_PREFACE.len() == RAFT_LINK_PREFACE.len());
     let mut head = [0u8; RAFT_PREFACE.len()];
     loop {
         let n = tcp.peek(&mut head).await?;
@@ -155,7 +166,8 @@ async fn sort(tcp: &mut TcpStream) -> io::Result<Kind> {
         }
         let kinds = [
             (RAFT_PREFACE, Kind::Raft),
-            (PRE_APPEND_PREFACE, Kind::PreAppend),
+            (PRE_APPEND_PREFACE, Kind::Link(Link::PreAppend)),
+            (RAFT_LINK_PREFACE, Kind::Link(Link::Raft)),
         ];
         let Some(&(_, kind)) = kinds.iter().find(|(p, _)| head[..n] == p[..n]) else {
             return Ok(Kind::Client);
@@ -220,5 +232,14 @@ mod tests {
         let mut buf = [0u8; 16];
         got.read_exact(&mut buf).await.expect("read");
         assert_eq!(&buf, b"PRI * HTTP/2.0\r\n");
+
+        let mut link = TcpStream::connect(addr).await.expect("connect");
+        link.write_all(RAFT_LINK_PREFACE).await.expect("write");
+        link.write_all(b"frames").await.expect("write");
+        let (kind, mut got, _) = incoming.links.next().await.expect("a link");
+        assert_eq!(kind, Link::Raft);
+        let mut buf = [0u8; 6];
+        got.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"frames");
     }
 }

@@ -107,6 +107,11 @@ pub struct Args {
     #[arg(long)]
     pub no_pre_append: bool,
 
+    /// Send AppendEntries over gRPC only, not over plain framed links (links are used only
+    /// without TLS; they spare each replication round trip HTTP/2 and tonic).
+    #[arg(long)]
+    pub no_raft_links: bool,
+
     /// A coordinated job and its task count, `name=count` (repeat for each job), e.g.
     /// `--job worker=4 --job ps=2`.
     #[arg(long = "job", value_parser = parse_job)]

@@ -439,6 +439,18 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         "Pre-appends this replica did not take (another leader's, or not extending its log).",
         sy.pre_appends_passed.load(Relaxed),
     );
+    counter(
+        &mut out,
+        "coord_raft_link_calls_total",
+        "AppendEntries this replica, leading, had answered over plain links instead of gRPC.",
+        r.link_stats.calls.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_raft_link_fallbacks_total",
+        "Times a link failed or had a call dropped, after which AppendEntries went over gRPC for 1 s.",
+        r.link_stats.fallbacks.load(Relaxed),
+    );
 
     gauge(
         &mut out,

@@ -51,6 +51,7 @@ pub mod parked;
 pub mod peers;
 pub mod pre_append;
 pub mod proposer;
+pub mod raft_link;
 pub mod raft_network;
 pub mod raft_service;
 pub mod read_index;

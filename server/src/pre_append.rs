@@ -20,10 +20,7 @@ use coord_raft_store::storage::pre_append::{PreAppend, PreAppendSink};
 use coord_raft_store::storage::LogStore;
 use coord_raft_store::types::{NodeId, Raft};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-use crate::peers::PEER_MESSAGE_LIMIT;
 
 /// One frame's body.
 #[derive(Serialize, Deserialize)]
@@ -112,24 +109,11 @@ async fn open(
     addr: &str,
     source: Option<std::net::IpAddr>,
 ) -> std::io::Result<std::net::TcpStream> {
-    let target: SocketAddr = tokio::net::lookup_host(addr)
-        .await?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))?;
-    let socket = if target.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    if let Some(ip) = source {
-        socket.bind(SocketAddr::new(ip, 0))?;
-    }
-    let mut tcp = socket.connect(target).await?;
-    tcp.set_nodelay(true)?;
-    tcp.write_all(PRE_APPEND_PREFACE).await?;
     // Non-blocking, as tokio leaves it: a frame that does not fit the socket's buffer at once
     // is not sent (see `send`).
-    tcp.into_std()
+    crate::raft_link::open(addr, source, PRE_APPEND_PREFACE)
+        .await?
+        .into_std()
 }
 
 impl PreAppendSink for PreAppender {
@@ -145,12 +129,9 @@ impl PreAppendSink for PreAppender {
                 return 0;
             }
         };
-        let Ok(len) = u32::try_from(body.len()) else {
+        let Ok(frame) = crate::raft_link::frame(&body) else {
             return 0;
         };
-        let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&body);
         let (followers, wanted) = self.followers();
         let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
         let mut sent = 0;
@@ -182,21 +163,17 @@ impl PreAppendSink for PreAppender {
 
 /// Serves one peer's pre-append connection (the preface already read) until it closes or sends
 /// something that is not a frame of this ensemble.
-pub async fn serve(mut tcp: TcpStream, peer: SocketAddr, log: LogStore, cluster_id: u64) {
+pub async fn serve(tcp: TcpStream, peer: SocketAddr, log: LogStore, cluster_id: u64) {
+    let mut tcp = tokio::io::BufReader::new(tcp);
     loop {
-        let mut len = [0u8; 4];
-        if tcp.read_exact(&mut len).await.is_err() {
-            return;
-        }
-        let len = u32::from_le_bytes(len) as usize;
-        if len > PEER_MESSAGE_LIMIT {
-            tracing::warn!(%peer, len, "pre-append frame over the peer message limit; connection closed");
-            return;
-        }
-        let mut body = vec![0u8; len];
-        if tcp.read_exact(&mut body).await.is_err() {
-            return;
-        }
+        let body = match crate::raft_link::read_frame(&mut tcp).await {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "pre-append connection closed");
+                return;
+            }
+        };
         let wire: Wire = match codec::decode("pre-append", &body) {
             Ok(w) => w,
             Err(e) => {

@@ -2,8 +2,10 @@
 //! and nowhere else, over the `coord.raft.RaftTransport` gRPC service.
 //!
 //! Requests and replies are openraft's own types, bincode-encoded. A peer that cannot be reached
-//! is reported as `Unreachable`, so openraft backs off instead of hammering it. A leader's
-//! pre-appends, which openraft knows nothing of, take a path of their own (`pre_append`).
+//! is reported as `Unreachable`, so openraft backs off instead of hammering it. Without TLS,
+//! AppendEntries go over plain framed links instead (`raft_link`), and over gRPC only when a link
+//! fails. A leader's pre-appends, which openraft knows nothing of, take a path of their own
+//! (`pre_append`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::peers::{PeerChannel, PeerChannels, PEER_MESSAGE_LIMIT};
+use crate::raft_link::{LinkPool, LinkStats};
 
 /// Creates per-peer clients for openraft; all of them share the cached channels.
 #[derive(Clone)]
@@ -33,6 +36,8 @@ pub struct Network {
     cluster_id: u64,
     channels: Arc<PeerChannels>,
     source: Option<std::net::IpAddr>,
+    /// AppendEntries go over plain links (`raft_link`): only without TLS, and unless turned off.
+    links: Option<Arc<LinkPool>>,
 }
 
 impl Network {
@@ -40,8 +45,10 @@ impl Network {
         cluster_id: u64,
         source: Option<std::net::IpAddr>,
         tls: Option<coord_proto::tls::ClientTls>,
+        links: bool,
     ) -> Self {
         Self {
+            links: (links && tls.is_none()).then(|| Arc::new(LinkPool::new(source, cluster_id))),
             cluster_id,
             channels: Arc::new(PeerChannels::for_raft(source, tls)),
             source,
@@ -55,6 +62,13 @@ impl Network {
     pub fn pre_appender(&self, raft: Raft, me: NodeId) -> crate::pre_append::PreAppender {
         crate::pre_append::PreAppender::new(raft, me, self.cluster_id, self.source)
     }
+
+    /// What this replica's AppendEntries links have done (`raft_link`).
+    pub fn link_stats(&self) -> Arc<LinkStats> {
+        self.links
+            .as_ref()
+            .map_or_else(Arc::default, |pool| pool.stats())
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -66,10 +80,15 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(PEER_MESSAGE_LIMIT)
                 .max_encoding_message_size(PEER_MESSAGE_LIMIT)
         });
+        let link = self
+            .links
+            .as_ref()
+            .map(|pool| (pool.clone(), node.addr.clone()));
         PeerClient {
             target,
             cluster_id: self.cluster_id,
             client,
+            link,
         }
     }
 }
@@ -78,6 +97,8 @@ pub struct PeerClient {
     target: NodeId,
     cluster_id: u64,
     client: Result<RaftTransportClient<PeerChannel>, String>,
+    /// The replica's links and this peer's address, when AppendEntries go over links.
+    link: Option<(Arc<LinkPool>, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +164,20 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        if let Some((pool, addr)) = self.link.as_ref().filter(|(p, a)| p.usable(a)) {
+            match pool.append_entries(addr, &rpc).await {
+                Ok(reply) => {
+                    return reply
+                        .map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+                }
+                Err(e) => tracing::debug!(
+                    peer = self.target,
+                    error = %e,
+                    "Raft link failed; AppendEntries go over gRPC for {:?}",
+                    crate::raft_link::RETRY_AFTER
+                ),
+            }
+        }
         self.call(Rpc::AppendEntries, &rpc).await
     }
 

@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 use coord_proto::coord::raft::raft_transport_server::RaftTransport;
 use coord_proto::coord::raft::{RaftReply, RaftRequest};
 use coord_raft_store::codec;
+use coord_raft_store::types::NodeId;
 use coord_raft_store::types::Raft;
 use coord_raft_store::TypeConfig;
-use openraft::raft::InstallSnapshotRequest;
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
@@ -68,6 +70,15 @@ impl RaftService {
         }
     }
 
+    /// Hands an AppendEntries to the Raft node, whichever transport brought it.
+    pub async fn append_entries_rpc(
+        &self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+    ) -> Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.contact.touch();
+        self.raft.append_entries(rpc).await
+    }
+
     fn decode<T: DeserializeOwned>(&self, req: Request<RaftRequest>) -> Result<T, Status> {
         self.authz.replicas_only(&req, "Raft traffic")?;
         let req = req.into_inner();
@@ -97,8 +108,7 @@ impl RaftTransport for RaftService {
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
         let rpc = self.decode(req)?;
-        self.contact.touch();
-        reply(&self.raft.append_entries(rpc).await)
+        reply(&self.append_entries_rpc(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

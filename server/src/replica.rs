@@ -86,6 +86,8 @@ pub struct Replica {
     pub hub: Arc<ApplyHub>,
     pub metrics: Arc<Metrics>,
     pub sync_stats: Arc<SyncStats>,
+    /// What the AppendEntries links of this replica's replication streams did (`raft_link`).
+    pub link_stats: Arc<crate::raft_link::LinkStats>,
     pub cluster_id: u64,
     contact: Arc<crate::election::LeaderContact>,
     /// The log and vote were empty at start: this replica bootstraps the ensemble.
@@ -194,8 +196,14 @@ impl Replica {
             .map_err(|e| StartError::Raft(format!("cannot start the Raft runtime: {e}")))?;
         let config = Arc::new(raft_config(&args)?);
         let id = args.id;
-        let network = Network::new(cluster_id, args.peer_source_ip, peer_tls.clone());
+        let network = Network::new(
+            cluster_id,
+            args.peer_source_ip,
+            peer_tls.clone(),
+            !args.no_raft_links,
+        );
         let pre_appends = network.clone();
+        let link_stats = network.link_stats();
         let raft = raft_runtime
             .spawn(async move { Raft::new(id, config, network, log, sm).await })
             .await
@@ -314,6 +322,7 @@ impl Replica {
             hub,
             metrics,
             sync_stats,
+            link_stats,
             cluster_id,
             contact,
             pristine: at_start.pristine,
@@ -363,14 +372,15 @@ impl Replica {
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT)
         .accept_compressed(CompressionEncoding::Gzip);
-        let raft_svc = RaftTransportServer::new(RaftService::new(
+        let raft_core = Arc::new(RaftService::new(
             this.raft.clone(),
             this.cluster_id,
             this.contact.clone(),
             this.router.authz().clone(),
-        ))
-        .max_decoding_message_size(PEER_MESSAGE_LIMIT)
-        .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        ));
+        let raft_svc = RaftTransportServer::from_arc(raft_core.clone())
+            .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+            .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let admin = AdminServer::new(AdminService::new(
             this.raft.clone(),
             this.router.clone(),
@@ -446,11 +456,25 @@ impl Replica {
                 raft_runtime
                     .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
                 let (log, cluster_id) = (this.log.clone(), this.cluster_id);
-                let mut pre_appends = incoming.pre_appends;
+                let mut links = incoming.links;
                 raft_runtime.spawn(async move {
+                    use crate::accept::Link;
                     use tokio_stream::StreamExt;
-                    while let Some((tcp, peer)) = pre_appends.next().await {
-                        tokio::spawn(crate::pre_append::serve(tcp, peer, log.clone(), cluster_id));
+                    while let Some((link, tcp, peer)) = links.next().await {
+                        match link {
+                            Link::PreAppend => tokio::spawn(crate::pre_append::serve(
+                                tcp,
+                                peer,
+                                log.clone(),
+                                cluster_id,
+                            )),
+                            Link::Raft => tokio::spawn(crate::raft_link::serve(
+                                tcp,
+                                peer,
+                                raft_core.clone(),
+                                cluster_id,
+                            )),
+                        };
                     }
                 });
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))

@@ -529,3 +529,42 @@ async fn pre_appends_go_to_the_follower_that_keeps_up() {
     let dir = client.get_dir("lone").await.expect("get_dir");
     assert_eq!(dir.len(), 10 + n as usize);
 }
+
+/// AppendEntries travel over the plain links (`raft_link`) of a plain ensemble, and over gRPC
+/// only with `--no-raft-links`; both ways replicate every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_entries_go_over_links_unless_turned_off() {
+    for links in [true, false] {
+        let mut options = ClusterOptions::default();
+        if !links {
+            options.extra_args.push("--no-raft-links".into());
+        }
+        let mut c = Cluster::start(options);
+        let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+        let client = client_of(c.endpoints());
+        client.find_leader().await;
+        let n = 20;
+        for i in 0..n {
+            client
+                .insert(&format!("linked/{i}"), "v", false)
+                .await
+                .expect("insert");
+        }
+        let calls = metric(&c, leader, "coord_raft_link_calls_total");
+        if links {
+            // Each write is at least one AppendEntries with its entry to each follower.
+            assert!(
+                calls >= f64::from(n),
+                "{calls} calls over links for {n} writes"
+            );
+        } else {
+            assert_eq!(calls, 0.0, "links were turned off");
+        }
+        let follower = c.other_than(leader);
+        let dir = client_via(&c, follower)
+            .get_dir("linked")
+            .await
+            .expect("get_dir through a follower");
+        assert_eq!(dir.len(), n as usize, "links {links}");
+    }
+}

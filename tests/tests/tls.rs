@@ -82,6 +82,15 @@ async fn a_tls_ensemble_serves_through_every_replica_and_survives_a_leader_kill(
     let target = c.status(new_leader).expect("leader status").last_applied;
     c.wait_applied(leader, target, TIMEOUT).await;
     assert_eq!(all.get_dir("after").await.expect("read").len(), 20);
+    // Over TLS, AppendEntries never take the plain links (`raft_link`).
+    let (_, metrics) =
+        coord_tests::http::get(c.replica(new_leader).http, "/metrics").expect("GET /metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "coord_raft_link_calls_total 0"),
+        "AppendEntries went over plain links in a TLS ensemble"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
