@@ -165,26 +165,12 @@ impl PreAppendSink for PreAppender {
 /// something that is not a frame of this ensemble.
 pub async fn serve(tcp: TcpStream, peer: SocketAddr, log: LogStore, cluster_id: u64) {
     let mut tcp = tokio::io::BufReader::new(tcp);
-    loop {
-        let body = match crate::raft_link::read_frame(&mut tcp).await {
-            Ok(Some(b)) => b,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "pre-append connection closed");
-                return;
-            }
-        };
-        let wire: Wire = match codec::decode("pre-append", &body) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "undecodable pre-append; connection closed");
-                return;
-            }
-        };
-        if wire.cluster_id != cluster_id {
-            tracing::warn!(%peer, "pre-append from ensemble {:016x}; this replica belongs to ensemble {cluster_id:016x}; connection closed", wire.cluster_id);
-            return;
-        }
+    while let Some(wire) =
+        crate::raft_link::next_message::<Wire, _>(&mut tcp, peer, "pre-append", cluster_id, |w| {
+            w.cluster_id
+        })
+        .await
+    {
         if let Err(e) = log.pre_append(wire.msg).await {
             tracing::warn!(%peer, error = %e, "pre-append refused; connection closed");
             return;

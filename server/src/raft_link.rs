@@ -27,6 +27,7 @@ use coord_raft_store::codec;
 use coord_raft_store::types::{NodeId, TypeConfig};
 use openraft::error::RaftError;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -262,30 +263,46 @@ pub async fn open(addr: &str, source: Option<IpAddr>, preface: &[u8]) -> io::Res
     Ok(tcp)
 }
 
+/// Reads the next message of a link and checks that it comes from this ensemble (`cluster_of`
+/// says from which it claims to be); `None`, logged, when the link is to be closed: the peer
+/// closed it, or sent something undecodable or from another ensemble.
+pub async fn next_message<T: DeserializeOwned, R: AsyncRead + Unpin>(
+    r: &mut R,
+    peer: SocketAddr,
+    what: &'static str,
+    cluster_id: u64,
+    cluster_of: impl Fn(&T) -> u64,
+) -> Option<T> {
+    let body = match read_frame(r).await {
+        Ok(body) => body?,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "{what} closed");
+            return None;
+        }
+    };
+    let msg: T = match codec::decode(what, &body) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "undecodable {what} message; connection closed");
+            return None;
+        }
+    };
+    let from = cluster_of(&msg);
+    if from != cluster_id {
+        tracing::warn!(%peer, "{what} message from ensemble {from:016x}; this replica belongs to ensemble {cluster_id:016x}; connection closed");
+        return None;
+    }
+    Some(msg)
+}
+
 /// Serves one peer's link (the preface already read) until it closes or sends something that
 /// is not a request of this ensemble.
 pub async fn serve(tcp: TcpStream, peer: SocketAddr, raft: Arc<RaftService>, cluster_id: u64) {
     let mut tcp = BufReader::new(tcp);
-    loop {
-        let body = match read_frame(&mut tcp).await {
-            Ok(Some(b)) => b,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "Raft link closed");
-                return;
-            }
-        };
-        let req: LinkRequest = match codec::decode("raft link request", &body) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "undecodable Raft link request; link closed");
-                return;
-            }
-        };
-        if req.cluster_id != cluster_id {
-            tracing::warn!(%peer, "Raft link from ensemble {:016x}; this replica belongs to ensemble {cluster_id:016x}; link closed", req.cluster_id);
-            return;
-        }
+    while let Some(req) =
+        next_message::<LinkRequest, _>(&mut tcp, peer, "Raft link", cluster_id, |r| r.cluster_id)
+            .await
+    {
         let reply: LinkReply = raft.append_entries_rpc(req.rpc).await;
         let body = match codec::encode("raft link reply", &reply) {
             Ok(b) => b,
@@ -339,6 +356,39 @@ mod tests {
         // A frame cut short is an error, not a clean close.
         let mut r = &[5u8, 0, 0, 0, b'a'][..];
         assert!(read_frame(&mut r).await.is_err());
+    }
+
+    /// A message from another ensemble, or one that does not decode, closes the link.
+    #[tokio::test]
+    async fn only_messages_of_this_ensemble_are_taken() {
+        let peer: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let msg = |cluster_id| {
+            codec::encode(
+                "req",
+                &LinkRequest {
+                    cluster_id,
+                    rpc: heartbeat(),
+                },
+            )
+            .expect("encode")
+        };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &msg(7)).await.expect("write");
+        write_frame(&mut buf, &msg(8)).await.expect("write");
+        let mut r = &buf[..];
+        let of = |m: &LinkRequest| m.cluster_id;
+        let first = next_message::<LinkRequest, _>(&mut r, peer, "test", 7, of).await;
+        assert!(first.is_some(), "this ensemble's");
+        let second = next_message::<LinkRequest, _>(&mut r, peer, "test", 7, of).await;
+        assert!(second.is_none(), "another ensemble's");
+        let mut buf = Vec::new();
+        write_frame(&mut buf, b"not bincode of a request")
+            .await
+            .expect("write");
+        let mut r = &buf[..];
+        assert!(next_message::<LinkRequest, _>(&mut r, peer, "test", 7, of)
+            .await
+            .is_none());
     }
 
     /// Answers every request on every link with a heartbeat's success, and counts connections.
