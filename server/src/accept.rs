@@ -67,7 +67,7 @@ where
 {
     let (clients_tx, clients_rx) = mpsc::channel(64);
     let (raft_tx, raft_rx) = mpsc::channel(8);
-    let (pre_tx, pre_rx) = mpsc::channel(8);
+    let (links_tx, links_rx) = mpsc::channel(8);
     let upgrade = Arc::new(upgrade);
     tokio::spawn(async move {
         loop {
@@ -84,11 +84,11 @@ where
                 },
             };
             let _ = tcp.set_nodelay(true);
-            let (upgrade, clients_tx, raft_tx, pre_tx, raft_runtime) = (
+            let (upgrade, clients_tx, raft_tx, links_tx, raft_runtime) = (
                 upgrade.clone(),
                 clients_tx.clone(),
                 raft_tx.clone(),
-                pre_tx.clone(),
+                links_tx.clone(),
                 raft_runtime.clone(),
             );
             tokio::spawn(async move {
@@ -133,7 +133,7 @@ where
                         }
                     };
                     if let Kind::Link(link) = kind {
-                        let _ = pre_tx.send((link, tcp, peer)).await;
+                        let _ = links_tx.send((link, tcp, peer)).await;
                     } else if let Some(io) = upgrade(tcp, peer).await {
                         let _ = raft_tx.send(Ok(Coalesced::new(io))).await;
                     }
@@ -144,7 +144,7 @@ where
     Incoming {
         clients: ReceiverStream::new(clients_rx),
         raft: ReceiverStream::new(raft_rx),
-        links: ReceiverStream::new(pre_rx),
+        links: ReceiverStream::new(links_rx),
     }
 }
 

@@ -2,18 +2,18 @@
 //!
 //! Every write's commit waits for one AppendEntries round trip to a follower. Over gRPC that trip
 //! crosses HTTP/2 and tonic twice, with a task hand-off on each side; on this project's 2-core
-//! machine it took about 190 µs for a handler that runs in 18 µs. A link is one TCP connection
-//! per replication stream, opened with [`RAFT_LINK_PREFACE`], that carries one request and then
-//! its answer at a time, each a frame of `u32` length (little-endian) and bincode. openraft's
-//! replication stream sends one AppendEntries at a time, so nothing needs to be multiplexed.
+//! machine it took about 190 µs for a handler that runs in 18 µs. A link is a TCP connection,
+//! opened with [`RAFT_LINK_PREFACE`], that carries one request and then its answer at a time,
+//! each a frame of `u32` length (little-endian) and bincode: a call holds a link of its own, and
+//! [`LinkPool`] keeps the idle ones per peer, so nothing needs to be multiplexed.
 //!
 //! A call whose future is dropped (openraft's own timeout) drops the connection with it, so an
 //! answer never arrives for the wrong request. When a link cannot be opened, fails, or had a call
 //! dropped (a peer that is slow, paused or cut off), the call goes over gRPC instead, and so do
-//! the calls of the next [`RETRY_AFTER`]: a peer that does not answer gets at most one new
+//! the peer's calls of the next [`RETRY_AFTER`]: a peer that does not answer gets at most one new
 //! connection a second, and a peer of an older version, which does not know the preface, is
-//! served as before. Votes and snapshots always
-//! go over gRPC; over TLS there are no links (a link would be unauthenticated).
+//! served as before. Votes and snapshots always go over gRPC; over TLS there are no links (a
+//! link would be unauthenticated).
 
 use std::collections::HashMap;
 use std::io;
@@ -39,12 +39,13 @@ use crate::raft_service::RaftService;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// A request's body.
+/// A request's body: sent with the request borrowed, read back owned (bincode encodes both
+/// alike).
 #[derive(Serialize, Deserialize)]
-struct LinkRequest {
+struct LinkRequest<R = AppendEntriesRequest<TypeConfig>> {
     /// The sender's ensemble; a replica answers nothing from another's.
     cluster_id: u64,
-    rpc: AppendEntriesRequest<TypeConfig>,
+    rpc: R,
 }
 
 /// An answer's body.
@@ -202,14 +203,9 @@ impl Checkout<'_> {
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connecting timed out"))??,
             )),
         };
-        #[derive(Serialize)]
-        struct Out<'a> {
-            cluster_id: u64,
-            rpc: &'a AppendEntriesRequest<TypeConfig>,
-        }
         let body = codec::encode(
             "raft link request",
-            &Out {
+            &LinkRequest {
                 cluster_id: self.pool.cluster_id,
                 rpc,
             },
@@ -391,33 +387,46 @@ mod tests {
             .is_none());
     }
 
-    /// Answers every request on every link with a heartbeat's success, and counts connections.
-    async fn answering_peer() -> (SocketAddr, Arc<AtomicU64>) {
+    /// A stand-in peer on a loopback port: every connection's preface is read, then the link
+    /// is handed to `on_link` in a task of its own. Returns the peer's address.
+    async fn peer<F, Fut>(on_link: F) -> String
+    where
+        F: Fn(BufReader<TcpStream>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let accepted = Arc::new(AtomicU64::new(0));
-        let count = accepted.clone();
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                count.fetch_add(1, Relaxed);
-                tokio::spawn(async move {
-                    let mut tcp = BufReader::new(tcp);
-                    let mut preface = [0u8; RAFT_LINK_PREFACE.len()];
-                    if tcp.read_exact(&mut preface).await.is_err() {
-                        return;
-                    }
-                    while let Ok(Some(body)) = read_frame(&mut tcp).await {
-                        let req: LinkRequest = codec::decode("req", &body).expect("request");
-                        assert_eq!(req.cluster_id, 7);
-                        let reply: LinkReply = Ok(AppendEntriesResponse::Success);
-                        let out = codec::encode("reply", &reply).expect("encode");
-                        if write_frame(&mut tcp, &out).await.is_err() {
-                            return;
-                        }
-                    }
-                });
+                let mut tcp = BufReader::new(tcp);
+                let mut preface = [0u8; RAFT_LINK_PREFACE.len()];
+                if tcp.read_exact(&mut preface).await.is_ok() {
+                    tokio::spawn(on_link(tcp));
+                }
             }
         });
+        addr.to_string()
+    }
+
+    /// Answers every request on every link with a heartbeat's success, and counts links.
+    async fn answering_peer() -> (String, Arc<AtomicU64>) {
+        let accepted = Arc::new(AtomicU64::new(0));
+        let count = accepted.clone();
+        let addr = peer(move |mut tcp| {
+            count.fetch_add(1, Relaxed);
+            async move {
+                while let Ok(Some(body)) = read_frame(&mut tcp).await {
+                    let req: LinkRequest = codec::decode("req", &body).expect("request");
+                    assert_eq!(req.cluster_id, 7);
+                    let reply: LinkReply = Ok(AppendEntriesResponse::Success);
+                    let out = codec::encode("reply", &reply).expect("encode");
+                    if write_frame(&mut tcp, &out).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
         (addr, accepted)
     }
 
@@ -427,7 +436,6 @@ mod tests {
     async fn calls_reuse_the_pooled_link() {
         let (addr, accepted) = answering_peer().await;
         let pool = Arc::new(LinkPool::new(None, 7));
-        let addr = addr.to_string();
         for _ in 0..20 {
             assert!(pool.usable(&addr));
             let reply = pool
@@ -454,17 +462,9 @@ mod tests {
     /// the call fail at once, and the next second's calls go over gRPC.
     #[tokio::test]
     async fn a_peer_without_links_sends_calls_to_grpc() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((mut tcp, _)) = listener.accept().await {
-                let mut preface = [0u8; RAFT_LINK_PREFACE.len()];
-                let _ = tcp.read_exact(&mut preface).await;
-                // Closes without an answer.
-            }
-        });
+        // Closes the link without an answer.
+        let addr = peer(|tcp| async move { drop(tcp) }).await;
         let pool = Arc::new(LinkPool::new(None, 7));
-        let addr = addr.to_string();
         assert!(pool.usable(&addr));
         assert!(pool.append_entries(&addr, &heartbeat()).await.is_err());
         assert!(!pool.usable(&addr), "calls go over gRPC for a while");
@@ -481,27 +481,18 @@ mod tests {
     /// the link is not used again at once: a stale answer can never be read as the next one's.
     #[tokio::test]
     async fn a_dropped_call_drops_the_connection_and_the_link_rests() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let seen_tx = seen_tx.clone();
-                tokio::spawn(async move {
-                    let mut tcp = BufReader::new(tcp);
-                    let mut preface = [0u8; RAFT_LINK_PREFACE.len()];
-                    if tcp.read_exact(&mut preface).await.is_err() {
-                        return;
-                    }
-                    // Reads the request, never answers, and reports when the caller hangs up.
-                    let _ = read_frame(&mut tcp).await;
-                    let closed = read_frame(&mut tcp).await;
-                    let _ = seen_tx.send(matches!(closed, Ok(None)));
-                });
+        // Reads the request, never answers, and reports when the caller hangs up.
+        let addr = peer(move |mut tcp| {
+            let seen_tx = seen_tx.clone();
+            async move {
+                let _ = read_frame(&mut tcp).await;
+                let closed = read_frame(&mut tcp).await;
+                let _ = seen_tx.send(matches!(closed, Ok(None)));
             }
-        });
+        })
+        .await;
         let pool = Arc::new(LinkPool::new(None, 7));
-        let addr = addr.to_string();
         assert!(pool.usable(&addr));
         let dropped = tokio::time::timeout(
             Duration::from_millis(100),

@@ -19,6 +19,15 @@ fn client_of(endpoints: Vec<String>) -> CoordClient {
     CoordClient::new(ClientOptions::new(endpoints)).expect("client")
 }
 
+/// A cluster with a leader, and a client that has found it.
+async fn started(options: ClusterOptions) -> (Cluster, u64, CoordClient) {
+    let mut c = Cluster::start(options);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let client = client_of(c.endpoints());
+    client.find_leader().await;
+    (c, leader, client)
+}
+
 /// A client that talks to one replica only, so requests to a follower must be forwarded.
 fn client_via(c: &Cluster, id: u64) -> CoordClient {
     client_of(vec![c.replica(id).grpc.to_string()])
@@ -100,10 +109,7 @@ async fn a_parked_get_is_released_by_an_insert() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
-    let mut c = Cluster::start(ClusterOptions::default());
-    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let client = client_of(c.endpoints());
-    client.find_leader().await;
+    let (mut c, leader, client) = started(ClusterOptions::default()).await;
 
     let acked = Arc::new(Mutex::new(BTreeSet::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -358,10 +364,7 @@ async fn a_retried_request_is_applied_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_share_entries_and_syncs() {
-    let mut c = Cluster::start(ClusterOptions::default());
-    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let client = client_of(c.endpoints());
-    client.find_leader().await;
+    let (c, leader, client) = started(ClusterOptions::default()).await;
     let syncs_before = metric(&c, leader, "coord_log_syncs_total");
     let entries_before = metric(&c, leader, "coord_proposal_entries_total");
     let n = 400;
@@ -439,10 +442,7 @@ async fn http_endpoints_report_health_and_status() {
 /// leader is killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lone_writes_reach_a_follower_before_the_leaders_sync() {
-    let mut c = Cluster::start(ClusterOptions::default());
-    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let client = client_of(c.endpoints());
-    client.find_leader().await;
+    let (mut c, leader, client) = started(ClusterOptions::default()).await;
     let n = 50;
     for i in 0..n {
         client
@@ -485,10 +485,7 @@ async fn lone_writes_reach_a_follower_before_the_leaders_sync() {
 /// one that keeps up does, so lone writes still have their syncs overlapped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pre_appends_go_to_the_follower_that_keeps_up() {
-    let mut c = Cluster::start(ClusterOptions::default());
-    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let client = client_of(c.endpoints());
-    client.find_leader().await;
+    let (c, leader, client) = started(ClusterOptions::default()).await;
     for i in 0..20 {
         client
             .insert(&format!("warm/{i}"), "v", false)
@@ -539,10 +536,7 @@ async fn append_entries_go_over_links_unless_turned_off() {
         if !links {
             options.extra_args.push("--no-raft-links".into());
         }
-        let mut c = Cluster::start(options);
-        let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-        let client = client_of(c.endpoints());
-        client.find_leader().await;
+        let (c, leader, client) = started(options).await;
         let n = 20;
         for i in 0..n {
             client
