@@ -356,6 +356,30 @@ async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
         "Client writes waiting for a Raft entry.",
         p.queued.load(Relaxed) as f64,
     );
+    gauge(
+        &mut out,
+        "coord_proposal_in_flight_entries",
+        "Raft entries proposed for client writes and not yet answered.",
+        p.in_flight.load(Relaxed) as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_proposal_stalled_seconds",
+        "How long client writes have waited with no entry proposed or answered meanwhile (0 when none wait): a leader that cannot propose.",
+        p.stalled_for().as_secs_f64(),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_abandoned_leader_lost_total",
+        "Entries whose writes were re-driven because this replica stopped leading before Raft answered them.",
+        p.abandoned_leader_lost.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_abandoned_stuck_total",
+        "Entries whose writes were re-driven because they were not committed in time on a replica that still led.",
+        p.abandoned_stuck.load(Relaxed),
+    );
     counter(
         &mut out,
         "coord_proposal_entries_total",

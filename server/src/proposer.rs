@@ -6,24 +6,41 @@
 //! outstanding, and whatever arrives meanwhile goes into the next one. Under load an entry carries
 //! many writes and costs one append, one replication round and one fsync on each replica; a lone
 //! writer is proposed at once, alone.
+//!
+//! Every entry's wait is bounded, and its slot always comes back. openraft answers an entry's
+//! writes when the entry is applied, or truncated as a conflict; nothing else. A deposed leader
+//! whose log the new leader's snapshot overtakes (installing it purges the shorter log without a
+//! conflict) never hears of its entries again: before, their slots stayed taken, and when that
+//! replica led again it served reads but proposed no write (chaos seed 424243: 47 s without a
+//! write). So an entry is also given up when this replica stops leading (a higher term, or no
+//! quorum acknowledgement within the lease: [`LeaderWatch::lost`]), and, should a leader in
+//! office fail to commit it, after [`COMMIT_PATIENCE`]. Its writers are then told the outcome is
+//! unknown; routing drives them again, with the same request ids, wherever leadership is, so a
+//! write applies once whichever copy commits.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use coord_raft_store::command::{Command, CommandResult, Op, Proposal};
 use coord_raft_store::stats::Histogram;
 use coord_raft_store::types::Raft;
 use openraft::error::ClientWriteError;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::CoordError;
+use crate::leader::LeaderWatch;
 use crate::tasks::TaskGuard;
 
 /// At most this many commands go into one entry.
 const MAX_BATCH_COMMANDS: usize = 1024;
 /// An entry stops growing past this many bytes of keys and values (one command may exceed it).
 const MAX_BATCH_BYTES: usize = 4 << 20;
+/// How long an entry may stay uncommitted while this replica leads before its writes are told
+/// the outcome is unknown and its slot is taken back. A leader in office has had a quorum's
+/// acknowledgement within the lease (300 ms by default), and a commit takes milliseconds: an
+/// entry this old is stuck, not slow.
+pub const COMMIT_PATIENCE: Duration = Duration::from_secs(3);
 
 struct Pending {
     command: Command,
@@ -31,93 +48,188 @@ struct Pending {
 }
 
 /// What the proposer reports to metrics.
-#[derive(Default)]
 pub struct ProposerStats {
     /// Commands waiting for a place in an entry.
     pub queued: AtomicI64,
+    /// Entries proposed whose fate is not known yet (each holds a slot).
+    pub in_flight: AtomicI64,
     /// From submission to applied result.
     pub commit_latency: Histogram,
     /// Commands per proposed entry.
-    pub entries: std::sync::atomic::AtomicU64,
-    pub commands: std::sync::atomic::AtomicU64,
+    pub entries: AtomicU64,
+    pub commands: AtomicU64,
+    /// Entries given up because this replica stopped leading before openraft answered them.
+    pub abandoned_leader_lost: AtomicU64,
+    /// Entries given up after [`COMMIT_PATIENCE`] on a replica that still led.
+    pub abandoned_stuck: AtomicU64,
+    /// When an entry was last proposed or settled, in ms since `origin`.
+    last_progress_ms: AtomicU64,
+    origin: Instant,
+}
+
+impl Default for ProposerStats {
+    fn default() -> Self {
+        Self {
+            queued: AtomicI64::new(0),
+            in_flight: AtomicI64::new(0),
+            commit_latency: Histogram::default(),
+            entries: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            abandoned_leader_lost: AtomicU64::new(0),
+            abandoned_stuck: AtomicU64::new(0),
+            last_progress_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl ProposerStats {
+    fn progressed(&self) {
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_progress_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long writes have been waiting (queued, or in an entry) with no entry proposed or
+    /// settled meanwhile; zero when none wait. A healthy leader keeps this near zero under any
+    /// load; a growing value is a leader that cannot propose.
+    pub fn stalled_for(&self) -> Duration {
+        let waiting =
+            self.queued.load(Ordering::Relaxed) > 0 || self.in_flight.load(Ordering::Relaxed) > 0;
+        if !waiting {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.last_progress_ms.load(Ordering::Relaxed));
+        self.origin.elapsed().saturating_sub(last)
+    }
 }
 
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::UnboundedSender<Pending>,
-    stats: Arc<ProposerStats>,
-    raft: Raft,
+    /// What an entry in flight waits on besides openraft; shared with the batching task.
+    waits: Waits,
     /// One permit per entry in flight, shared by the batching task and the fast path.
     slots: Arc<Semaphore>,
     me: u64,
 }
 
+/// What bounds an entry's wait (see the module doc).
+#[derive(Clone)]
+struct Waits {
+    raft: Raft,
+    leader: LeaderWatch,
+    stats: Arc<ProposerStats>,
+}
+
 impl Proposer {
-    pub fn start(raft: Raft, me: u64, max_in_flight: usize, tasks: &mut TaskGuard) -> Self {
+    pub fn start(
+        raft: Raft,
+        me: u64,
+        max_in_flight: usize,
+        leader: LeaderWatch,
+        tasks: &mut TaskGuard,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let stats = Arc::new(ProposerStats::default());
+        let waits = Waits {
+            raft,
+            leader,
+            stats: Arc::default(),
+        };
         let slots = Arc::new(Semaphore::new(max_in_flight));
-        tasks.spawn(
-            "proposer",
-            run(raft.clone(), rx, slots.clone(), stats.clone()),
-        );
+        tasks.spawn("proposer", run(waits.clone(), rx, slots.clone()));
         Self {
             tx,
-            stats,
-            raft,
+            waits,
             slots,
             me,
         }
     }
 
     pub fn stats(&self) -> &Arc<ProposerStats> {
-        &self.stats
+        &self.waits.stats
     }
 
     /// Commits `command` through Raft and returns its result once applied on this (leader)
     /// replica.
     pub async fn propose(&self, command: Command) -> Result<CommandResult, CoordError> {
         let started = Instant::now();
+        let stats = &self.waits.stats;
         // Fast path: nothing is waiting and an entry slot is free, so there is nothing to batch
         // with; propose from this task and skip the hand-offs to and from the batching task.
-        if self.stats.queued.load(Ordering::Relaxed) == 0 {
+        if stats.queued.load(Ordering::Relaxed) == 0 {
             if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-                self.stats.entries.fetch_add(1, Ordering::Relaxed);
-                self.stats.commands.fetch_add(1, Ordering::Relaxed);
-                let (reply, rx) = oneshot::channel();
-                match self
-                    .raft
-                    .client_write_ff(Proposal::new(now_ms(), vec![command]))
+                let result = self
+                    .waits
+                    .commit(vec![command], slot)
                     .await
-                {
-                    Err(fatal) => {
-                        return Err(CoordError::Unavailable(format!(
-                            "Raft has stopped: {fatal}"
-                        )))
-                    }
-                    Ok(result_rx) => {
-                        let result = result_rx.await;
-                        drop(slot);
-                        deliver(result, vec![reply]);
-                    }
-                }
-                let result = rx.await.map_err(|_| CoordError::LeaderChanged)?;
-                self.stats.commit_latency.record(started.elapsed());
+                    .pop()
+                    .unwrap_or_else(|| {
+                        Err(CoordError::Internal("an entry without results".into()))
+                    });
+                stats.commit_latency.record(started.elapsed());
                 return result;
             }
         }
         let (reply, rx) = oneshot::channel();
-        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        stats.queued.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(Pending { command, reply }).is_err() {
-            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            stats.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(CoordError::Unavailable(format!(
                 "replica {} is shutting down",
                 self.me
             )));
         }
         let result = rx.await.map_err(|_| CoordError::LeaderChanged)?;
-        self.stats.commit_latency.record(started.elapsed());
+        stats.commit_latency.record(started.elapsed());
         result
+    }
+}
+
+impl Waits {
+    /// Proposes `commands` as one entry holding `slot`, and returns each command's result once
+    /// the entry's fate is known or it is given up (the slot returns either way).
+    async fn commit(
+        &self,
+        commands: Vec<Command>,
+        slot: OwnedSemaphorePermit,
+    ) -> Vec<Result<CommandResult, CoordError>> {
+        let n = commands.len();
+        let stats = &self.stats;
+        stats.entries.fetch_add(1, Ordering::Relaxed);
+        stats.commands.fetch_add(n as u64, Ordering::Relaxed);
+        stats.progressed();
+        let answer = match self
+            .raft
+            .client_write_ff(Proposal::new(now_ms(), commands))
+            .await
+        {
+            Err(fatal) => {
+                let e = || CoordError::Unavailable(format!("Raft has stopped: {fatal}"));
+                return (0..n).map(|_| Err(e())).collect();
+            }
+            Ok(answer) => answer,
+        };
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let outcome = tokio::select! {
+            r = answer => Outcome::Answered(r),
+            () = self.leader.lost() => {
+                stats.abandoned_leader_lost.fetch_add(1, Ordering::Relaxed);
+                Outcome::LeaderLost
+            }
+            () = tokio::time::sleep(COMMIT_PATIENCE) => {
+                stats.abandoned_stuck.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    commands = n,
+                    patience_ms = COMMIT_PATIENCE.as_millis(),
+                    "an entry was not committed in time while this replica leads; its writes are driven again"
+                );
+                Outcome::Stuck
+            }
+        };
+        stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        stats.progressed();
+        drop(slot);
+        outcome.results(n)
     }
 }
 
@@ -142,12 +254,7 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-async fn run(
-    raft: Raft,
-    mut rx: mpsc::UnboundedReceiver<Pending>,
-    slots: Arc<Semaphore>,
-    stats: Arc<ProposerStats>,
-) {
+async fn run(waits: Waits, mut rx: mpsc::UnboundedReceiver<Pending>, slots: Arc<Semaphore>) {
     while let Some(first) = rx.recv().await {
         // Waiting for a slot is what lets a batch form under load.
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -164,31 +271,18 @@ async fn run(
                 Err(_) => break,
             }
         }
-        stats
+        waits
+            .stats
             .queued
             .fetch_sub(batch.len() as i64, Ordering::Relaxed);
-        stats.entries.fetch_add(1, Ordering::Relaxed);
-        stats
-            .commands
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         let (commands, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|p| (p.command, p.reply)).unzip();
-        let proposal = Proposal::new(now_ms(), commands);
-        match raft.client_write_ff(proposal).await {
-            Err(fatal) => {
-                let msg = format!("Raft has stopped: {fatal}");
-                for r in replies {
-                    let _ = r.send(Err(CoordError::Unavailable(msg.clone())));
-                }
+        let waits = waits.clone();
+        tokio::spawn(async move {
+            for (reply, result) in replies.into_iter().zip(waits.commit(commands, slot).await) {
+                let _ = reply.send(result);
             }
-            Ok(result_rx) => {
-                tokio::spawn(async move {
-                    let result = result_rx.await;
-                    drop(slot);
-                    deliver(result, replies);
-                });
-            }
-        }
+        });
     }
 }
 
@@ -200,44 +294,49 @@ type WriteOutcome = Result<
     oneshot::error::RecvError,
 >;
 
-fn deliver(result: WriteOutcome, replies: Vec<oneshot::Sender<Result<CommandResult, CoordError>>>) {
-    match result {
-        Ok(Ok(resp)) => {
-            if resp.data.len() != replies.len() {
-                let msg = format!(
-                    "entry {} returned {} results for {} commands",
+/// How the wait for an entry ended.
+enum Outcome {
+    /// openraft answered: applied, or refused or truncated with the leader to go to.
+    Answered(WriteOutcome),
+    /// This replica stopped leading first.
+    LeaderLost,
+    /// Not committed within [`COMMIT_PATIENCE`] although this replica still leads.
+    Stuck,
+}
+
+impl Outcome {
+    /// The result of each of the entry's `n` commands.
+    fn results(self, n: usize) -> Vec<Result<CommandResult, CoordError>> {
+        let each = |e: &dyn Fn() -> CoordError| (0..n).map(|_| Err(e())).collect();
+        match self {
+            Outcome::Answered(Ok(Ok(resp))) if resp.data.len() == n => {
+                resp.data.into_iter().map(Ok).collect()
+            }
+            Outcome::Answered(Ok(Ok(resp))) => each(&|| {
+                CoordError::Internal(format!(
+                    "entry {} returned {} results for {n} commands",
                     resp.log_id,
-                    resp.data.len(),
-                    replies.len()
-                );
-                for r in replies {
-                    let _ = r.send(Err(CoordError::Internal(msg.clone())));
-                }
-                return;
-            }
-            for (r, out) in replies.into_iter().zip(resp.data) {
-                let _ = r.send(Ok(out));
-            }
-        }
-        Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
-            let leader = f.leader_id.zip(f.leader_node.map(|n| n.addr));
-            for r in replies {
-                let _ = r.send(Err(CoordError::NotLeader {
+                    resp.data.len()
+                ))
+            }),
+            Outcome::Answered(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => {
+                let leader = f.leader_id.zip(f.leader_node.map(|n| n.addr));
+                each(&|| CoordError::NotLeader {
                     me: 0,
                     leader: leader.clone(),
-                }));
+                })
             }
-        }
-        Ok(Err(ClientWriteError::ChangeMembershipError(e))) => {
-            for r in replies {
-                let _ = r.send(Err(CoordError::Internal(e.to_string())));
+            Outcome::Answered(Ok(Err(ClientWriteError::ChangeMembershipError(e)))) => {
+                each(&|| CoordError::Internal(e.to_string()))
             }
-        }
-        // The leader stepped down before the entry's fate was known here.
-        Err(_) => {
-            for r in replies {
-                let _ = r.send(Err(CoordError::LeaderChanged));
-            }
+            // The leader stepped down before the entry's fate was known here.
+            Outcome::Answered(Err(_)) | Outcome::LeaderLost => each(&|| CoordError::LeaderChanged),
+            Outcome::Stuck => each(&|| {
+                CoordError::Unavailable(format!(
+                    "the write was not committed within {} ms; its outcome is unknown",
+                    COMMIT_PATIENCE.as_millis()
+                ))
+            }),
         }
     }
 }

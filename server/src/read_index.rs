@@ -24,6 +24,12 @@ const YIELDS_BEFORE_A_ROUND: usize = 4;
 /// the reads fail (and are re-driven by routing).
 const QUORUM_RETRIES: usize = 3;
 
+/// The longest a round (with its retries) may take: its heartbeat exchanges are bounded by
+/// openraft (one heartbeat interval each, 50 ms by default), but its wait for the state machine
+/// to apply what was committed before it is not. Past this the round's reads fail `UNAVAILABLE`
+/// and are re-driven, and the reads queued behind it get a round of their own.
+pub const ROUND_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 #[derive(Clone)]
 pub struct ReadIndex {
     tx: mpsc::UnboundedSender<oneshot::Sender<Result<(), CoordError>>>,
@@ -79,13 +85,14 @@ async fn run(
         let mut waiting = vec![first];
         waiting.extend(std::iter::from_fn(|| rx.try_recv().ok()));
         let started = std::time::Instant::now();
-        let mut result = round(&raft, me).await;
-        for _ in 0..QUORUM_RETRIES {
-            if !matches!(result, Err(CoordError::LeaderChanged)) {
-                break;
-            }
-            result = round(&raft, me).await;
-        }
+        let result = tokio::time::timeout(ROUND_PATIENCE, rounds(&raft, me))
+            .await
+            .unwrap_or_else(|_| {
+                Err(CoordError::Unavailable(format!(
+                    "replica {me} could not confirm its leadership and apply within {} ms",
+                    ROUND_PATIENCE.as_millis()
+                )))
+            });
         stats.round_latency.record(started.elapsed());
         stats.rounds.fetch_add(1, Relaxed);
         stats.reads.fetch_add(waiting.len() as u64, Relaxed);
@@ -102,6 +109,18 @@ async fn run(
             let _ = w.send(r);
         }
     }
+}
+
+/// A round, retried while too few followers answered in time.
+async fn rounds(raft: &Raft, me: u64) -> Result<(), CoordError> {
+    let mut result = round(raft, me).await;
+    for _ in 0..QUORUM_RETRIES {
+        if !matches!(result, Err(CoordError::LeaderChanged)) {
+            break;
+        }
+        result = round(raft, me).await;
+    }
+    result
 }
 
 async fn round(raft: &Raft, me: u64) -> Result<(), CoordError> {

@@ -216,13 +216,6 @@ impl Replica {
 
         let mut tasks = TaskGuard::default();
         let metrics = Arc::new(Metrics::default());
-        let proposer = Proposer::start(
-            raft.clone(),
-            args.id,
-            args.max_inflight_proposals,
-            &mut tasks,
-        );
-        let read_index = ReadIndex::start(raft.clone(), args.id, &mut tasks);
         let leader = LeaderWatch::start(
             &raft,
             args.id,
@@ -231,6 +224,14 @@ impl Replica {
             raft_runtime.handle(),
             &mut tasks,
         );
+        let proposer = Proposer::start(
+            raft.clone(),
+            args.id,
+            args.max_inflight_proposals,
+            leader.clone(),
+            &mut tasks,
+        );
+        let read_index = ReadIndex::start(raft.clone(), args.id, &mut tasks);
         let router = Arc::new(Router::new(
             args.id,
             leader.clone(),

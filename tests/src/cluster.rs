@@ -26,6 +26,12 @@ pub struct StatusView {
     pub term: u64,
     pub last_log_index: u64,
     pub last_applied: u64,
+    /// The last index the latest snapshot covers.
+    #[serde(default)]
+    pub snapshot_index: u64,
+    /// The last index purged from the log (everything up to it is only in the snapshot).
+    #[serde(default)]
+    pub purged_index: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -506,6 +512,15 @@ impl Cluster {
             return None;
         }
         serde_json::from_str(&body).ok()
+    }
+
+    /// The value of metric `name` (a sample without labels) on replica `id`.
+    pub fn metric(&self, id: u64, name: &str) -> f64 {
+        let (_, body) = http::get(self.replica(id).http, "/metrics").expect("GET /metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} missing from replica {id}"))
     }
 
     /// Waits until every running replica reports the same leader, which reports itself leader;

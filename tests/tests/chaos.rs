@@ -191,6 +191,147 @@ async fn one_way_cuts_do_not_wedge_clients() {
     }
 }
 
+/// A leader cut off with writes in its proposer, deposed, and brought back by a snapshot (the new
+/// leader compacted its log past everything the old one held) must commit writes again when it
+/// leads again. openraft 0.9 answers a waiting write only when its entry is applied or truncated
+/// as a conflict; installing a snapshot over a shorter log does neither, and the proposer used to
+/// keep that write's entry slot for good: leading again, the replica served reads but never
+/// proposed another write (chaos seed 424243: 47 s without a write, with a leader in office).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_deposed_with_writes_in_flight_writes_again() {
+    // Far more than a write needs, far less than the stall this guards against (forever).
+    const PATIENCE: Duration = Duration::from_secs(10);
+    let mut cluster = Cluster::start(ClusterOptions {
+        proxied: true,
+        extra_args: [
+            // One slot, so that one slot kept is a proposer that never proposes again.
+            "--max-inflight-proposals",
+            "1",
+            // The new leader soon compacts past the old leader's log.
+            "--snapshot-every-entries",
+            "100",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..ClusterOptions::default()
+    });
+    // Replica 1, which wins the election that follows a leader's death when it can (see `lead`).
+    let old = 1;
+    lead(&mut cluster, old).await;
+    client(&cluster.endpoints())
+        .insert("before", "1", false)
+        .await
+        .expect("put before the partition");
+
+    // Writes reach the leader while it is cut off: the first takes the proposer's slot, the
+    // others queue behind it and are proposed together once the first gives up (when the lease
+    // runs out), into an entry that can never commit.
+    // Refused rather than dropped: no AppendEntries of the new leader held up in the partition
+    // may reach the old leader after it heals (one would truncate the old leader's entries as
+    // conflicts, which answers their writes).
+    cluster.net().isolate(old, Cut::Refuse);
+    let only_old = {
+        let mut o = ClientOptions::new(vec![cluster.replica(old).grpc.to_string()]);
+        o.unavailable_after = Duration::from_secs(3);
+        CoordClient::new(o).expect("client")
+    };
+    let keys: Vec<String> = (0..8).map(|i| format!("stale/{i}")).collect();
+    let stale = futures::future::join_all(keys.iter().map(|k| only_old.insert(k, "x", true))).await;
+    assert!(
+        stale.iter().all(Result::is_err),
+        "an isolated leader acknowledged a write: {stale:?}"
+    );
+    let old_last = cluster
+        .status(old)
+        .expect("old leader's status")
+        .last_log_index;
+
+    // The majority goes on until its snapshot and purge have passed the old leader's log.
+    let survivors: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .filter(|&id| id != old)
+        .map(|id| cluster.replica(id).grpc.to_string())
+        .collect();
+    let majority = client(&survivors);
+    let keys: Vec<String> = (0..4).map(|w| format!("during/{w}")).collect();
+    for round in 0u64.. {
+        let writers = keys
+            .iter()
+            .map(|k| majority.insert(k, round.to_string(), true));
+        for r in futures::future::join_all(writers).await {
+            r.expect("the majority serves");
+        }
+        let purged = cluster
+            .ids()
+            .into_iter()
+            .filter(|&id| id != old)
+            .filter_map(|id| cluster.status(id))
+            .find(|s| s.state == "Leader")
+            .map_or(0, |s| s.purged_index);
+        if purged > old_last + 10 {
+            break;
+        }
+        assert!(
+            round < 20_000,
+            "the majority never compacted past index {old_last}"
+        );
+    }
+
+    // Healed, the old leader steps down and catches up from a snapshot past its whole log.
+    cluster.net().heal_all();
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let applied = cluster.status(leader).expect("leader status").last_applied;
+    cluster
+        .wait_applied(old, applied, Duration::from_secs(30))
+        .await;
+    let s = cluster.status(old).expect("old leader's status");
+    assert!(
+        s.snapshot_index > old_last,
+        "the old leader caught up from its log (snapshot {}, its log ended at {old_last})",
+        s.snapshot_index
+    );
+
+    // It leads again, and must commit writes.
+    lead(&mut cluster, old).await;
+    let all = client(&cluster.endpoints());
+    for i in 0..3 {
+        tokio::time::timeout(PATIENCE, all.insert(&format!("after/{i}"), "3", false))
+            .await
+            .unwrap_or_else(|_| panic!("write {i} hung for {PATIENCE:?} on leader {old}"))
+            .unwrap_or_else(|e| panic!("write {i} on leader {old}: {e}"));
+    }
+    assert_eq!(all.get("before").await.expect("get").as_ref(), b"1");
+    // The entry it proposed while cut off was given up when it stopped leading.
+    assert!(cluster.metric(old, "coord_proposal_abandoned_leader_lost_total") >= 1.0);
+    assert!(cluster.metric(old, "coord_proposal_stalled_seconds") < 1.0);
+}
+
+/// Moves leadership to `id` by killing whoever else leads (and restarting it), once `id`'s log
+/// has caught up. The survivors' election is not left to chance: a voter that hears from no
+/// leader starts one after a delay that grows with its rank by id (`election`), so the lowest id
+/// among them wins.
+async fn lead(cluster: &mut Cluster, id: u64) {
+    for _ in 0..10 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+        if leader == id {
+            return;
+        }
+        let last = cluster.status(leader).map_or(0, |s| s.last_log_index);
+        cluster
+            .wait_until(
+                Duration::from_secs(30),
+                &format!("replica {id} to hold the leader's log"),
+                |c| c.status(id).is_some_and(|s| s.last_log_index >= last),
+            )
+            .await;
+        cluster.kill(leader);
+        cluster.wait_for_leader(Duration::from_secs(30)).await;
+        cluster.spawn(leader);
+    }
+    panic!("replica {id} never became leader");
+}
+
 /// A whole-ensemble crash: openraft 0.9 restores the old leader as leader of its term at once,
 /// with the commit index it last persisted, which lags what it acknowledged. Here the follower
 /// that restarts with it is far behind (it was frozen while the other follower formed the

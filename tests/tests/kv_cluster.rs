@@ -33,14 +33,6 @@ fn client_via(c: &Cluster, id: u64) -> CoordClient {
     client_of(vec![c.replica(id).grpc.to_string()])
 }
 
-fn metric(c: &Cluster, id: u64, name: &str) -> f64 {
-    let (_, body) = http::get(c.replica(id).http, "/metrics").expect("GET /metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("metric {name} missing from replica {id}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_through_each_replica_are_read_through_every_replica() {
     let mut c = Cluster::start(ClusterOptions::default());
@@ -90,7 +82,7 @@ async fn a_parked_get_is_released_by_an_insert() {
     c.wait_until(
         Duration::from_secs(20),
         "the get to park on the leader",
-        |c| metric(c, leader, "coord_parked_calls") >= 1.0,
+        |c| c.metric(leader, "coord_parked_calls") >= 1.0,
     )
     .await;
     assert!(!waiter.is_finished());
@@ -104,7 +96,7 @@ async fn a_parked_get_is_released_by_an_insert() {
         .expect("join")
         .expect("get");
     assert_eq!(got, Bytes::from("here"));
-    assert_eq!(metric(&c, leader, "coord_parked_calls"), 0.0);
+    assert_eq!(c.metric(leader, "coord_parked_calls"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,7 +271,7 @@ async fn bad_input_gets_a_precise_error_and_changes_nothing() {
     let e = cl.get_dir("").await.expect_err("empty dir");
     assert_eq!(e.code(), Code::InvalidArgument);
     // Exactly one key was written by all of the above.
-    assert_eq!(metric(&c, leader, "coord_kv_keys"), 1.0);
+    assert_eq!(c.metric(leader, "coord_kv_keys"), 1.0);
     assert!(cl.try_get(&long_key).await.is_err());
     assert_eq!(cl.try_get("big").await.expect("try_get"), None);
     // A value at the limit is accepted.
@@ -365,8 +357,8 @@ async fn a_retried_request_is_applied_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_share_entries_and_syncs() {
     let (c, leader, client) = started(ClusterOptions::default()).await;
-    let syncs_before = metric(&c, leader, "coord_log_syncs_total");
-    let entries_before = metric(&c, leader, "coord_proposal_entries_total");
+    let syncs_before = c.metric(leader, "coord_log_syncs_total");
+    let entries_before = c.metric(leader, "coord_proposal_entries_total");
     let n = 400;
     let writes: Vec<_> = (0..n)
         .map(|i| {
@@ -377,8 +369,8 @@ async fn concurrent_writes_share_entries_and_syncs() {
     for w in writes {
         w.await.expect("join").expect("insert");
     }
-    let syncs = metric(&c, leader, "coord_log_syncs_total") - syncs_before;
-    let entries = metric(&c, leader, "coord_proposal_entries_total") - entries_before;
+    let syncs = c.metric(leader, "coord_log_syncs_total") - syncs_before;
+    let entries = c.metric(leader, "coord_proposal_entries_total") - entries_before;
     assert!(
         entries < f64::from(n) / 2.0,
         "{n} concurrent writes took {entries} Raft entries"
@@ -450,12 +442,12 @@ async fn lone_writes_reach_a_follower_before_the_leaders_sync() {
             .await
             .expect("insert");
     }
-    let sent = metric(&c, leader, "coord_pre_appends_sent_total");
+    let sent = c.metric(leader, "coord_pre_appends_sent_total");
     let written: f64 = c
         .ids()
         .into_iter()
         .filter(|id| *id != leader)
-        .map(|id| metric(&c, id, "coord_pre_appends_written_total"))
+        .map(|id| c.metric(id, "coord_pre_appends_written_total"))
         .sum();
     // The first writes go the usual way while the connection is made.
     assert!(
@@ -492,7 +484,7 @@ async fn pre_appends_go_to_the_follower_that_keeps_up() {
             .await
             .expect("insert");
     }
-    let written = |c: &Cluster, id| metric(c, id, "coord_pre_appends_written_total");
+    let written = |c: &Cluster, id| c.metric(id, "coord_pre_appends_written_total");
     let followers: Vec<u64> = c.ids().into_iter().filter(|id| *id != leader).collect();
     let (a, b) = (followers[0], followers[1]);
     let (taker, other) = if written(&c, a) >= written(&c, b) {
@@ -544,7 +536,7 @@ async fn append_entries_go_over_links_unless_turned_off() {
                 .await
                 .expect("insert");
         }
-        let calls = metric(&c, leader, "coord_raft_link_calls_total");
+        let calls = c.metric(leader, "coord_raft_link_calls_total");
         if links {
             // Each write is at least one AppendEntries with its entry to each follower.
             assert!(

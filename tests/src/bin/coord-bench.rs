@@ -610,6 +610,7 @@ async fn chaos(args: ChaosArgs) -> bool {
     let started = std::time::Instant::now();
     let (mut clean, mut ops, mut unknown, mut faults) = (0u64, 0usize, 0usize, 0usize);
     let mut failed = Vec::new();
+    let mut longest = Duration::ZERO;
     for i in 0..args.runs {
         let seed = args.seed + i;
         let report = run(&RunOptions::new(seed, Duration::from_secs(args.seconds))).await;
@@ -619,6 +620,7 @@ async fn chaos(args: ChaosArgs) -> bool {
         }
         ops += report.kv_ops;
         unknown += report.kv_unknown;
+        longest = longest.max(report.longest_after_heal);
         faults += report.faults;
         if report.anomalies.is_empty() {
             clean += 1;
@@ -630,9 +632,11 @@ async fn chaos(args: ChaosArgs) -> bool {
         }
     }
     println!(
-        "chaos: {clean} clean runs of {} s, {} with anomalies (seeds {failed:?}); {faults} faults, {ops} kv operations checked ({unknown} unknown); {:.0} s",
+        "chaos: {clean} clean runs of {} s, {} with anomalies (seeds {failed:?}); {faults} faults, {ops} kv operations checked ({unknown} unknown); longest call after a run's last heal {:.3} s (bound {:.1} s); {:.0} s",
         args.seconds,
         failed.len(),
+        longest.as_secs_f64(),
+        coord_tests::chaos::recovery::BOUND.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     failed.is_empty()

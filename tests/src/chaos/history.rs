@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::linearize::{check, Entry, KvOp, KvRet, Model, Register, Verdict};
+use super::recovery::CallTiming;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct KvRecord {
@@ -64,6 +65,8 @@ pub struct History {
     pub kv: Mutex<Vec<KvRecord>>,
     pub barriers: Mutex<Vec<BarrierRecord>>,
     pub registrations: Mutex<Vec<RegRecord>>,
+    /// Every call of every client, reads that failed included (see `recovery`).
+    pub calls: Mutex<Vec<CallTiming>>,
 }
 
 impl Default for History {
@@ -73,6 +76,7 @@ impl Default for History {
             kv: Mutex::default(),
             barriers: Mutex::default(),
             registrations: Mutex::default(),
+            calls: Mutex::default(),
         }
     }
 }
@@ -98,6 +102,20 @@ impl History {
         push(&self.registrations, r);
     }
 
+    /// Records that a call made at `invoke_us` returned now.
+    pub fn record_call(&self, what: String, invoke_us: u64, answered: bool) {
+        let returned_us = self.now_us();
+        push(
+            &self.calls,
+            CallTiming {
+                what,
+                invoke_us,
+                returned_us,
+                answered,
+            },
+        );
+    }
+
     /// The history as JSON, for the record of a failed run.
     pub fn to_json(&self) -> String {
         #[derive(Serialize)]
@@ -105,6 +123,7 @@ impl History {
             kv: &'a [KvRecord],
             barriers: &'a [BarrierRecord],
             registrations: &'a [RegRecord],
+            calls: &'a [CallTiming],
         }
         let kv = self.kv.lock().unwrap_or_else(PoisonError::into_inner);
         let barriers = self.barriers.lock().unwrap_or_else(PoisonError::into_inner);
@@ -112,10 +131,12 @@ impl History {
             .registrations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         serde_json::to_string_pretty(&Dump {
             kv: &kv,
             barriers: &barriers,
             registrations: &registrations,
+            calls: &calls,
         })
         .unwrap_or_default()
     }

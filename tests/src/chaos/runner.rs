@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::history::{History, KvRecord};
 use super::linearize::{KvOp, KvRet};
+use super::recovery;
 use super::schedule::{self, Fault, Step, Target};
 use super::workload::{self, WorkloadOptions};
 use crate::cluster::{Cluster, ClusterOptions};
@@ -59,12 +60,16 @@ pub struct RunReport {
     pub saved: Option<PathBuf>,
     /// How long the checkers took.
     pub check_time: Duration,
+    /// The longest any call took after the last fault healed (counted from the heal, or from the
+    /// call's start if later), and which call it was.
+    pub longest_after_heal: Duration,
+    pub longest_call: String,
 }
 
 impl RunReport {
     pub fn summary(&self) -> String {
         format!(
-            "seed {}: {} faults, {} kv ops ({} unknown), {} barrier passes, {} registrations, term {}, checked in {:.1?}, {} anomalies{}",
+            "seed {}: {} faults, {} kv ops ({} unknown), {} barrier passes, {} registrations, term {}, longest call after the last heal {:.3}s ({}), checked in {:.1?}, {} anomalies{}",
             self.seed,
             self.faults,
             self.kv_ops,
@@ -72,6 +77,8 @@ impl RunReport {
             self.barrier_passes,
             self.registrations,
             self.final_term,
+            self.longest_after_heal.as_secs_f64(),
+            self.longest_call,
             self.check_time,
             self.anomalies.len(),
             self.saved
@@ -282,14 +289,17 @@ pub async fn run(options: &RunOptions) -> RunReport {
         paused: Vec::new(),
         rng: options.seed,
     };
+    // When the last fault healed (a graceful restart heals as it happens).
+    let mut healed_us = 0;
     for step in &steps {
         tokio::time::sleep_until(faults.started + step.at).await;
         let healing = tokio::task::block_in_place(|| faults.apply(&step.fault));
         match healing {
-            Some(Heal::Nothing) => {}
+            Some(Heal::Nothing) => healed_us = history.now_us(),
             Some(h) => {
                 tokio::time::sleep(step.hold).await;
                 tokio::task::block_in_place(|| faults.heal(h));
+                healed_us = history.now_us();
             }
             None => faults.log(format!("{}: no target", step.fault)),
         }
@@ -298,23 +308,34 @@ pub async fn run(options: &RunOptions) -> RunReport {
     let mut events = std::mem::take(&mut faults.events);
     drop(faults);
 
-    // Liveness after healing: a leader, and a write that commits.
+    // Liveness after healing: a leader, and a write that commits (within the recovery bound,
+    // checked with every other call below).
+    let invoke = history.now_us();
     let live = async {
         cluster.wait_for_leader(Duration::from_secs(30)).await;
         fresh_client(&endpoints)
             .insert("chaos/liveness", "ok", true)
             .await
     };
-    if let Err(e) = tokio::time::timeout(Duration::from_secs(45), live)
+    let liveness = tokio::time::timeout(Duration::from_secs(45), live)
         .await
         .map_err(|_| "timed out".to_string())
-        .and_then(|r| r.map_err(|s| s.to_string()))
-    {
+        .and_then(|r| r.map_err(|s| s.to_string()));
+    history.record_call("the liveness write".into(), invoke, liveness.is_ok());
+    if let Err(e) = liveness {
         anomalies.push(format!(
             "the ensemble did not recover after every fault healed: {e}"
         ));
     }
-    load.stop(Duration::from_secs(40)).await;
+    let stopping_us = history.now_us();
+    if !load.stop(Duration::from_secs(40)).await {
+        anomalies.push("clients still had calls running 40 s after they were told to stop".into());
+    }
+    let recovered = {
+        let calls = history.calls.lock().map(|c| c.clone()).unwrap_or_default();
+        recovery::check(&calls, healed_us, stopping_us, recovery::BOUND)
+    };
+    anomalies.extend(recovered.anomalies);
 
     // Read every key at the end: an acknowledged write that was lost makes the key's history
     // non-linearizable.
@@ -383,6 +404,8 @@ pub async fn run(options: &RunOptions) -> RunReport {
         saved: None,
         events: Vec::new(),
         check_time,
+        longest_after_heal: recovered.longest,
+        longest_call: recovered.longest_call,
     };
     if !report.anomalies.is_empty() {
         let dir = cluster.persist();

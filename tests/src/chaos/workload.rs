@@ -60,11 +60,11 @@ pub struct Workload {
 
 impl Workload {
     /// Stops the clients and waits for their calls in flight (up to `grace`, then abandons them;
-    /// an abandoned call stays recorded as unknown).
-    pub async fn stop(self, grace: Duration) {
+    /// an abandoned call stays recorded as unknown). Returns whether every client stopped.
+    pub async fn stop(self, grace: Duration) -> bool {
         self.stop.store(true, Ordering::Relaxed);
         let all = futures::future::join_all(self.handles);
-        let _ = tokio::time::timeout(grace, all).await;
+        tokio::time::timeout(grace, all).await.is_ok()
     }
 }
 
@@ -180,6 +180,12 @@ async fn kv_client(
                 Err(_) => None,
             },
         };
+        let answered = matches!(ret, Some(Some(_)));
+        h.record_call(
+            format!("{op:?} of {key:?} by client {id}"),
+            invoke,
+            answered,
+        );
         let Some(ret) = ret else { continue };
         let complete = ret.is_some().then(|| h.now_us());
         h.record_kv(KvRecord {
@@ -227,6 +233,11 @@ async fn barrier_task(id: i32, of: i32, c: CoordClient, h: Arc<History>, stop: A
             Err(s) if s.code() == Code::Unavailable => None,
             Err(s) => Some(Err(s.code() as i32)),
         };
+        h.record_call(
+            format!("barrier \"chaos\" #{counter} by task b/{id}"),
+            invoke,
+            outcome.is_some(),
+        );
         h.record_barrier(BarrierRecord {
             task: id,
             barrier: "chaos".into(),
@@ -265,6 +276,7 @@ async fn registration_client(c: CoordClient, h: Arc<History>, stop: Arc<AtomicBo
             Err(s) if s.code() == Code::FailedPrecondition => Some(RegRet::FailedPrecondition),
             Err(_) => None,
         };
+        h.record_call(format!("{op:?} of task reg/0"), invoke, ret.is_some());
         h.record_registration(RegRecord {
             op,
             ret: ret.clone(),
