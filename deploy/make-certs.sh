@@ -10,12 +10,12 @@
 #
 # DIR gets ca.crt/ca.key, replica-<id>.crt/.key, task-<job>-<index>.crt/.key, client-<name>.crt/.key
 # (keys readable by their owner only). For tests and trials; any CA will do in production, as
-# long as the certificates carry the identities the README's "TLS" section describes.
+# long as the certificates carry the identities docs/operations.md's "TLS" section describes.
 set -euo pipefail
 dir=$(realpath -m "${1:?usage: deploy/make-certs.sh DIR [coord-certs arguments]}")
 shift
 cd "$(dirname "$0")/.."
-cargo build --release --quiet -p coord-tests --bin coord-certs
+cargo build --release --quiet -p coord-tools --bin coord-certs
 if [[ $# -eq 0 ]]; then
   set -- ensemble --replica 1=127.0.0.1,localhost --replica 2=127.0.0.1,localhost \
     --replica 3=127.0.0.1,localhost --task worker=4 --client ops

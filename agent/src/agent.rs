@@ -1,5 +1,5 @@
 //! The coordination agent: what a training task uses to take part in the job (TensorFlow's
-//! `CoordinationServiceAgent`, seed 000), over a whole coord ensemble.
+//! `CoordinationServiceAgent`), over a whole coord ensemble.
 //!
 //! State machine (as TensorFlow's):
 //!

@@ -1,15 +1,15 @@
 //! coord-agent: the task side of coord.
 //!
-//! - [`agent`]: [`Agent`], TensorFlow's coordination agent (seed 000) over a whole ensemble: task
-//!   state machine, heartbeats, error callback, key-value, barriers, watches.
+//! - [`agent`]: [`Agent`], TensorFlow's coordination agent (`CoordinationServiceAgent`) over a
+//!   whole ensemble: task state machine, heartbeats, error callback, key-value, barriers, watches.
 //! - [`blocking`]: [`BlockingAgent`], the same for callers without an async runtime.
-//! - [`preemption`]: TensorFlow's preemption sync (seed 004), run again for every preemption of
-//!   a job whose service outlives its tasks.
+//! - [`preemption`]: TensorFlow's preemption sync (`PreemptionSyncManager`), run again for every
+//!   preemption of a job whose service outlives its tasks.
 //! - [`watch`]: key watches that resume across leader changes without losing or repeating a
 //!   change.
 //! - [`xla_proxy`]: coord-proxy's service, which lets unmodified jaxlib clients use the ensemble
 //!   and survive its failovers.
-//! - [`rendezvous`]: TensorFlow's RendezvousMgr (seed 001) over direct worker links, with peer
+//! - [`rendezvous`]: TensorFlow's `RendezvousMgr` over direct worker links, with peer
 //!   heartbeats on the same links.
 //! - [`data`]: the tf.data data plane: the data worker and the consumer of the dispatcher's jobs.
 //! - [`tls`]: the TLS flags every program of this crate reads.

@@ -1,5 +1,5 @@
-//! Preemption sync (TensorFlow's `PreemptionSyncManager`, seed 004): when one task learns that it
-//! will be preempted, every task agrees on one step at which all of them checkpoint.
+//! Preemption sync (TensorFlow's `PreemptionSyncManager`): when one task learns that it will be
+//! preempted, every task agrees on one step at which all of them checkpoint.
 //!
 //! The protocol, as TensorFlow's:
 //!

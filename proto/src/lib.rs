@@ -1,11 +1,12 @@
 //! coord-proto: every wire schema of coord, compiled by `build.rs` with `protox`.
 //!
-//! - [`tensorflow`]: `tensorflow.CoordinationService`, the seed schema plus the fields TensorFlow
-//!   added later (`allow_overwrite`, barrier `counter`).
+//! - [`tensorflow`]: `tensorflow.CoordinationService`, TensorFlow's coordination service schema,
+//!   including the fields TensorFlow added later (`allow_overwrite`, barrier `counter`).
 //! - [`xla::coordination`]: `xla.coordination.CoordinationService`, what jaxlib 0.10+ speaks;
 //!   [`tensorflow::distributed_runtime`] carries its error details.
 //! - [`coord::raft`]: the Raft transport between replicas.
-//! - [`coord::admin`]: ensemble status, service shutdown (and membership, later).
+//! - [`coord::admin`]: administration of the ensemble: status, tasks, barriers, snapshots,
+//!   membership changes (`coordctl member add|remove|list`), service shutdown.
 //! - [`coord::coordination`]: error polling and task states, beside the TF service.
 //! - [`coord::kv`]: atomic increment and key watches.
 //! - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.

@@ -2,6 +2,11 @@
 //!
 //! A command holds everything `apply` needs: the leader chose the time and any ids before it
 //! proposed, so every replica computes the same result from the same log.
+//!
+//! Commands are spelled in the vocabulary of the modules below this one: the leaf `error`, the
+//! dispatcher's updates, and the state's coordination records (`state::cluster`, `tasks`,
+//! `barriers`, `alive`, none of which knows about commands). The state's apply, above this module,
+//! consumes them.
 
 use std::fmt;
 
@@ -9,7 +14,14 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::dispatcher::{DispatchOp, DispatchOutput};
-use crate::state::{AliveAnswer, ClusterConfig, Code, DeviceInfo, Outcome, TaskName};
+use crate::error::Code;
+use crate::state::alive::AliveAnswer;
+use crate::state::barriers::Outcome;
+use crate::state::cluster::{ClusterConfig, TaskName};
+use crate::state::tasks::DeviceInfo;
+
+// The outcome vocabulary lives in the leaf `error` module; these paths stay for callers.
+pub use crate::error::{OpError, RequestId};
 
 /// The payload of one Raft entry: a batch of commands proposed together.
 ///
@@ -52,24 +64,6 @@ pub struct Command {
     /// `None` only for commands the leader issues on its own behalf.
     pub request: Option<RequestId>,
     pub op: Op,
-}
-
-/// A client's request id.
-///
-/// A client numbers its mutations `seq = 1, 2, ...` and may have several in flight at once. With each
-/// request it sends `acked_below`: every request with a smaller `seq` has been answered, so the
-/// state machine may forget those results (Raft thesis §6.3, extended to concurrent requests).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RequestId {
-    pub client: u64,
-    pub seq: u64,
-    pub acked_below: u64,
-}
-
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}#{}", self.client, self.seq)
-    }
 }
 
 /// A state change. Keys are already normalized by the proposer (and normalized again by apply).
@@ -231,26 +225,4 @@ pub enum Output {
     },
     /// What a dispatcher update returned.
     Dispatch(DispatchOutput),
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum OpError {
-    #[error("key {key:?} already exists")]
-    AlreadyExists { key: String },
-    #[error("key must not be empty")]
-    EmptyKey,
-    #[error("value of key {key:?} is not a decimal integer, cannot increment it")]
-    NotAnInteger { key: String },
-    #[error("incrementing key {key:?} by {delta} overflows a 64-bit integer")]
-    Overflow { key: String, delta: i64 },
-    /// A coordination-service outcome with its gRPC code (the message names the task or barrier).
-    #[error("{message}")]
-    Status { code: Code, message: String },
-    /// Task and barrier requests before the ensemble set the cluster up.
-    #[error("the coordination service has no cluster configuration yet")]
-    NoCluster,
-    /// The request's result was already delivered and forgotten (its client has acknowledged it),
-    /// so this copy is a late duplicate and is not applied again.
-    #[error("request {request} is a duplicate of one already answered")]
-    StaleDuplicate { request: RequestId },
 }

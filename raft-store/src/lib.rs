@@ -1,17 +1,29 @@
 //! coord-raft-store: the replicated state of a coord ensemble and the storage that makes it
 //! durable. It knows nothing about gRPC; the server feeds it commands through openraft.
 //!
-//! - [`command`]: what a Raft entry carries ([`Proposal`] of [`Command`]s) and what applying
-//!   returns.
+//! The modules, bottom up. Each uses only modules listed before it, so there is no import circle:
+//!
+//! - [`error`]: the shared vocabulary of outcomes: [`Code`](error::Code) (gRPC's codes),
+//!   [`OpError`] (why a command was refused) and [`RequestId`]. A leaf: it imports nothing from
+//!   the crate.
+//! - [`key`]: TensorFlow's key normalization. A leaf.
+//! - [`codec`]: the binary encoding of entries, snapshots and Raft messages. A leaf.
+//! - [`stats`]: counters and histograms for metrics. A leaf.
+//! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal). Its
+//!   apply returns its own [`DispatchResult`](dispatcher::DispatchResult); it uses only `error`.
+//! - [`state`]'s coordination records (`state::cluster`, `tasks`, `barriers`, `alive`): task
+//!   names, the cluster configuration, task records, barrier instances, GetAliveTasks rounds. They
+//!   use only `error` and know nothing of commands.
+//! - [`command`]: what a Raft entry carries ([`Proposal`] of [`Command`]s) and what applying one
+//!   returns ([`Output`], [`CommandResult`]), spelled with the records above and the dispatcher's
+//!   ops.
 //! - [`state`]: [`CoordState`] and its deterministic `apply` (a pure function, unit-tested with no
-//!   runtime).
-//! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal).
-//! - [`key`]: TensorFlow's key normalization.
-//! - [`storage`]: openraft's log storage (segment files with group-committed `fdatasync`), the in-memory
-//!   state machine, snapshot files.
-//! - [`codec`]: the binary encoding of entries, snapshots and Raft messages.
-//! - [`stats`]: counters and histograms for metrics.
-//! - [`types`]: the openraft type configuration.
+//!   runtime): the KV store, client sessions and the coordination transitions, which take commands
+//!   and report [`Change`]s. The one place a dispatcher result becomes a [`CommandResult`].
+//! - [`types`]: the openraft type configuration (a [`Proposal`] in, a [`CommandResult`] per command
+//!   out).
+//! - [`storage`]: openraft's log storage (segment files with group-committed `fdatasync`), the
+//!   in-memory state machine, snapshot files.
 
 // openraft's storage traits return its `StorageError` (over 200 bytes) by value; helpers share
 // that type rather than box it and convert at every trait boundary.
@@ -20,12 +32,14 @@
 pub mod codec;
 pub mod command;
 pub mod dispatcher;
+pub mod error;
 pub mod key;
 pub mod state;
 pub mod stats;
 pub mod storage;
 pub mod types;
 
-pub use command::{Command, CommandResult, Op, OpError, Output, Proposal, RequestId};
+pub use command::{Command, CommandResult, Op, Output, Proposal};
+pub use error::{OpError, RequestId};
 pub use state::{Change, CoordState};
 pub use types::{NodeId, TypeConfig};

@@ -1,73 +1,40 @@
 //! coord-server: one replica of a coord ensemble (binary `coordinator`).
 //!
-//! Request path: a gRPC call reaches a wire adapter ([`tf_service`], [`coord_service`],
-//! [`kv_service`], or [`xla_service`] for jaxlib) hands it to the [`route::Router`]; the router runs it on the leader, locally or forwarded, and
-//! re-drives it when leadership moves. On the leader the semantics ([`kv::KvCore`],
-//! [`coordination::CoordCore`]) write through the batching [`proposer`] and read after the batched
-//! [`read_index`]. The state machine reports applied changes to the [`apply_hub`], which wakes
-//! [`parked`] calls, feeds the [`barrier_timer`] and records changes for watches in the
-//! [`watch_hub`].
+//! The crate is in four layers, each a folder; [`replica`] wires them together and owns the order
+//! in which they start and stop.
 //!
-//! Leader-only duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`]
-//! (silent tasks go to ERROR), [`barrier_timer`] (deadlines). [`wire`] converts TensorFlow's
-//! types.
+//! - [`api`]: one wire adapter per surface. Each decodes its protocol's messages, hands the call to
+//!   the router and encodes the answer; none holds semantics. TensorFlow's
+//!   `tensorflow.CoordinationService` ([`api::tf`]), jaxlib's `xla.coordination.CoordinationService`
+//!   ([`api::xla`]), and coord's own: key-value increments and watches ([`api::kv`]), error polling
+//!   ([`api::coordination`]), the tf.data dispatcher ([`api::dispatcher`]), administration
+//!   ([`api::admin`]).
+//! - [`serve`]: what a call does once it reaches the leader. The [`serve::route`] router runs every
+//!   call on the leader (forwarding, re-driving across leader changes); the semantics are written
+//!   once for every surface ([`serve::kv`], [`serve::coordination`], [`serve::dispatcher`]); writes
+//!   go through the batching [`serve::proposer`], reads through the batched [`serve::read_index`];
+//!   applied changes reach the [`serve::apply_hub`], which wakes [`serve::parked`] calls and feeds
+//!   the [`serve::watch_hub`]; leader duties run beside them (heartbeat checks, barrier deadlines,
+//!   cluster set-up).
+//! - [`raft`]: the Raft node's side of the network and of leadership: the openraft network adapter
+//!   and its receiving service, Raft links and pre-appends, the port's accept loop, peer channels,
+//!   who leads, prompt elections, membership changes.
+//! - [`ops`]: what an operator sets and reads: flags, the data directory's identity, TLS and who
+//!   may do what, per-client limits, request ids, the HTTP port (health, status, metrics, the
+//!   status page).
 //!
-//! - [`config`], [`identity`]: flags, and the check that a data directory is this replica's.
-//! - [`replica`]: wiring, start and stop order.
-//! - [`raft_network`], [`raft_service`], [`peers`]: the openraft network adapter over gRPC.
-//! - [`accept`]: the gRPC port's accept loop; peers' Raft connections are served on the Raft
-//!   runtime, everything else on the client runtime.
-//! - [`leader`]: who leads, from Raft metrics; [`election`]: a prompt election after a leader
-//!   dies.
-//! - [`request_id`]: request ids in metadata, and ids for requests without one.
-//! - [`membership`]: adding and removing replicas at runtime, refused when quorum would be lost.
-//! - [`http`], [`status`], [`metrics`]: `/livez`, `/readyz`, `/status`, `/metrics`, admin RPC.
-//! - [`error`]: the error type and its single mapping to gRPC status codes.
-//! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do.
-//! - [`tasks`]: ownership of background loops.
+//! Beside them: [`error`] (the error type and its one mapping to gRPC codes) and [`tasks`]
+//! (ownership of background loops).
 
-pub mod accept;
-pub mod apply_hub;
-pub mod authz;
-pub mod barrier_timer;
-pub mod cluster_init;
-pub mod config;
-pub mod coord_service;
-pub mod coordination;
-pub mod dispatcher;
-pub mod election;
+pub mod api;
 pub mod error;
-pub mod heartbeats;
-pub mod http;
-pub mod identity;
-pub mod kv;
-pub mod kv_service;
-pub mod leader;
-pub mod limits;
-pub mod membership;
-pub mod metrics;
-pub mod oversized;
-pub mod parked;
-pub mod peers;
-pub mod pre_append;
-pub mod proposer;
-pub mod raft_link;
-pub mod raft_network;
-pub mod raft_service;
-pub mod read_index;
+pub mod ops;
+pub mod raft;
 pub mod replica;
-pub mod request_id;
-pub mod route;
-pub mod status;
+pub mod serve;
 pub mod tasks;
-pub mod tf_service;
-pub mod tls;
-pub mod watch_hub;
-pub mod wire;
-pub mod xla_errors;
-pub mod xla_service;
 
-pub use config::Args;
+pub use ops::config::Args;
 pub use replica::{Replica, StartError};
 
 /// Runs a replica until SIGINT or SIGTERM.

@@ -1,7 +1,7 @@
-//! Preemption sync (seed 004) over a replicated ensemble: the four multi-process scenarios of
-//! `coord-demo`, bad input, and a second preemption in the same job.
+//! Preemption sync (TensorFlow's `PreemptionSyncManager`) over a replicated ensemble: the four
+//! multi-process scenarios of `coord-demo`, bad input, and a second preemption in the same job.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -11,16 +11,18 @@ use coord_agent::preemption::{
     PreemptionSyncManager, COUNTER_DIR, NOTICE_KEY,
 };
 use coord_agent::{Agent, AgentConfig};
-use coord_tests::demo::{run_job, JobOptions, JobOutcome, Scenario};
+use coord_tests::cluster::workspace_binary;
 use coord_tests::{Cluster, ClusterOptions};
+use coord_tools::demo::{run_job, JobOptions, JobOutcome, Scenario};
 
-fn demo() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_coord-demo"))
+/// `coord-demo`, a binary of `coord-tools` (built on first use).
+fn demo() -> PathBuf {
+    workspace_binary("coord-tools", "coord-demo", None)
 }
 
 async fn job(scenario: Scenario) -> JobOutcome {
     let outcome = run_job(
-        demo(),
+        &demo(),
         JobOptions {
             scenario,
             // A task that dies before the barrier costs the others a heartbeat timeout (4 s)

@@ -4,7 +4,7 @@
 //! coord-proxy --listen 127.0.0.1:7200 --coordinators 10.0.0.1:7101,10.0.0.2:7101,10.0.0.3:7101
 //! ```
 //!
-//! JAX connects to `--listen` as if it were its coordination service (see the README's "JAX"
+//! JAX connects to `--listen` as if it were its coordination service (see the README's "Point JAX at it"
 //! section); the proxy follows the ensemble's leader and re-drives calls across failovers, so a
 //! replica's death never reaches jaxlib (see `coord_agent::xla_proxy`).
 

@@ -1,6 +1,6 @@
-//! The tf.data data plane: the data worker and the consumer (seed 003). The dispatcher itself is
-//! served by the coordinator ensemble; workers and consumers talk to it through any replica and
-//! to each other directly.
+//! The tf.data data plane: the data worker and the consumer. The dispatcher itself (TensorFlow's
+//! `DataServiceDispatcherImpl`) is served by the coordinator ensemble; workers and consumers talk
+//! to it through any replica and to each other directly.
 //!
 //! - [`dispatcher`]: the dispatcher's RPCs with failover.
 //! - [`task`]: one task on a worker: its producer and element queue.

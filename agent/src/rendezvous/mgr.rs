@@ -1,4 +1,4 @@
-//! The RendezvousMgr of seed 001: one [`RemoteRendezvous`] per step, tensors buffered at their
+//! TensorFlow's `RendezvousMgr`: one [`RemoteRendezvous`] per step, tensors buffered at their
 //! producer until received, receives of a peer's tensors pulled over that peer's link.
 //!
 //! A `RemoteRendezvous` is made in two phases, as TF's: [`RendezvousMgr::find`] returns it at once,

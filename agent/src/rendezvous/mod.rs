@@ -1,4 +1,4 @@
-//! TensorFlow's RendezvousMgr (seed 001) over direct worker-to-worker links.
+//! TensorFlow's `RendezvousMgr` over direct worker-to-worker links.
 //!
 //! - [`key`]: rendezvous keys in TF's format, and their parser.
 //! - [`tensor`]: dtype, shape and bytes.

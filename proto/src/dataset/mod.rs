@@ -204,10 +204,6 @@ impl Plan {
         self.epochs.map(|e| e.saturating_mul(self.base_splits))
     }
 
-    pub fn is_infinite(&self) -> bool {
-        self.epochs.is_none() && self.base_splits > 0
-    }
-
     /// The unit holding base split `b`, and the record range of the split within it.
     fn locate(&self, split: u64) -> Option<(&Unit, u64, u64)> {
         if self.base_splits == 0 {

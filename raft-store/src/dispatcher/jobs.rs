@@ -1,15 +1,14 @@
 //! Datasets, jobs and clients: registration with fingerprint dedupe, named jobs that must match,
 //! one task per live worker, client release and job collection.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use bytes::Bytes;
 
 use super::{
     not_found, splits::SplitProvider, status, DispatchOutput, DispatcherState, Job, Mode, Task,
 };
-use crate::command::OpError;
-use crate::state::Code;
+use crate::error::{Code, OpError};
 
 impl DispatcherState {
     pub(super) fn register_dataset(
@@ -241,14 +240,6 @@ impl DispatcherState {
                 job.finished = true;
             }
         }
-    }
-
-    /// Per job: how many clients it has (for the leader's view).
-    pub fn client_counts(&self) -> BTreeMap<u64, usize> {
-        self.jobs
-            .iter()
-            .map(|(id, j)| (*id, j.clients.len()))
-            .collect()
     }
 }
 

@@ -1,4 +1,5 @@
-//! The tf.data dispatcher's state (seed 003), replicated: the Raft log is its journal.
+//! The tf.data dispatcher's state (TensorFlow's `DataServiceDispatcherImpl`), replicated: the Raft
+//! log is its journal.
 //!
 //! TensorFlow's dispatcher writes every `Update` to a local journal and replays all of it on
 //! restart. Here each update is one [`DispatchOp`] in the Raft log, applied by the same
@@ -31,8 +32,7 @@ use std::fmt;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::command::{CommandResult, OpError};
-use crate::state::Code;
+use crate::error::{Code, OpError};
 
 pub use splits::SplitAnswer;
 
@@ -109,7 +109,7 @@ pub struct Task {
     pub removed: bool,
 }
 
-/// Everything the dispatcher knows. A part of [`crate::CoordState`], so of every snapshot.
+/// Everything the dispatcher knows. A part of `CoordState`, so of every snapshot.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct DispatcherState {
     pub datasets: BTreeMap<u64, Dataset>,
@@ -240,6 +240,12 @@ impl fmt::Display for DispatchOp {
 }
 
 /// What a dispatcher update returns.
+///
+/// The dispatcher returns its own result rather than a command's, so that it needs nothing from the
+/// command layer: the state's apply wraps it in `Output::Dispatch`.
+pub type DispatchResult = Result<DispatchOutput, OpError>;
+
+/// What an accepted dispatcher update answers.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum DispatchOutput {
     Dataset {
@@ -278,7 +284,7 @@ impl DispatcherState {
 
     /// Applies one update at `now_ms` (the leader's clock when it proposed). A refused update
     /// changes nothing.
-    pub fn apply(&mut self, op: &DispatchOp, now_ms: u64) -> CommandResult {
+    pub fn apply(&mut self, op: &DispatchOp, now_ms: u64) -> DispatchResult {
         let out = match op {
             DispatchOp::RegisterDataset {
                 fingerprint,
@@ -314,7 +320,7 @@ impl DispatcherState {
             DispatchOp::CollectJob { job } => self.collect_job(*job),
         }?;
         self.updates += 1;
-        Ok(crate::command::Output::Dispatch(out))
+        Ok(out)
     }
 
     /// The job's tasks consumers read: not removed, and (round-robin) no longer pending.

@@ -1,5 +1,6 @@
 //! Round-robin reads: adding a task mid-job so that every consumer starts reading it in the same
-//! round (the pending-task protocol of seed 003's comment).
+//! round (the pending-task protocol described in the comments of TensorFlow's tf.data dispatcher,
+//! `DataServiceDispatcherImpl`).
 //!
 //! A new task waits in its job's pending queue with a target round. Consumers heartbeat their
 //! current round and the round they have blocked before; the dispatcher tells each to block
@@ -12,8 +13,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::{not_found, status, DispatchOutput, DispatcherState};
-use crate::command::OpError;
-use crate::state::Code;
+use crate::error::{Code, OpError};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct PendingTask {

@@ -10,8 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::{not_found, status, DispatchOutput, DispatcherState, Mode};
-use crate::command::OpError;
-use crate::state::Code;
+use crate::error::{Code, OpError};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct SplitProvider {

@@ -3,11 +3,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 
 use super::*;
-use crate::command::Output;
 
 fn ok(s: &mut DispatcherState, op: DispatchOp) -> DispatchOutput {
     match s.apply(&op, 1_000) {
-        Ok(Output::Dispatch(o)) => o,
+        Ok(o) => o,
         other => panic!("{op} gave {other:?}"),
     }
 }
@@ -252,9 +251,10 @@ fn round_robin_needs_off_and_an_infinite_dataset() {
     }
 }
 
-/// The example of seed 003's comment, step by step.
+/// The example in the comments of TensorFlow's tf.data dispatcher (`DataServiceDispatcherImpl`),
+/// step by step.
 #[test]
-fn pending_task_protocol_follows_the_seed_example() {
+fn pending_task_protocol_follows_tensorflows_example() {
     let mut s = DispatcherState::default();
     let d = dataset(&mut s, 1, None);
     worker(&mut s, "w1");

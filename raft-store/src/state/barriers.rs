@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{list_tasks, ClusterConfig, Code, TaskName};
+use super::cluster::{list_tasks, ClusterConfig, TaskName};
+use crate::error::Code;
 
 /// Outcomes of this many finished instances are kept per id, for late callers.
 const KEPT_OUTCOMES: usize = 4;

@@ -103,53 +103,6 @@ impl ClusterConfig {
     }
 }
 
-/// gRPC status codes as the state machine speaks them (it knows nothing of tonic). The values are
-/// gRPC's.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Code {
-    Cancelled = 1,
-    Unknown = 2,
-    InvalidArgument = 3,
-    DeadlineExceeded = 4,
-    NotFound = 5,
-    AlreadyExists = 6,
-    PermissionDenied = 7,
-    ResourceExhausted = 8,
-    FailedPrecondition = 9,
-    Aborted = 10,
-    OutOfRange = 11,
-    Unimplemented = 12,
-    Internal = 13,
-    Unavailable = 14,
-    DataLoss = 15,
-    Unauthenticated = 16,
-}
-
-impl Code {
-    /// The code for a gRPC numeric code; OK and unknown values become `Unknown` (an error
-    /// reported with code OK is still an error).
-    pub fn from_i32(c: i32) -> Code {
-        match c {
-            1 => Code::Cancelled,
-            3 => Code::InvalidArgument,
-            4 => Code::DeadlineExceeded,
-            5 => Code::NotFound,
-            6 => Code::AlreadyExists,
-            7 => Code::PermissionDenied,
-            8 => Code::ResourceExhausted,
-            9 => Code::FailedPrecondition,
-            10 => Code::Aborted,
-            11 => Code::OutOfRange,
-            12 => Code::Unimplemented,
-            13 => Code::Internal,
-            14 => Code::Unavailable,
-            15 => Code::DataLoss,
-            16 => Code::Unauthenticated,
-            _ => Code::Unknown,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,7 +136,5 @@ mod tests {
             list_tasks(&tasks, 2),
             "/job:ps/replica:0/task:0, /job:worker/replica:0/task:0 and 1 more"
         );
-        assert_eq!(Code::from_i32(13), Code::Internal);
-        assert_eq!(Code::from_i32(0), Code::Unknown);
     }
 }

@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use super::alive::{self, AliveQueries};
 use super::barriers::{Arrival, Barriers, Outcome, Participants};
-use super::cluster::{list_tasks, ClusterConfig, Code, TaskName};
+use super::change::Change;
+use super::cluster::{list_tasks, ClusterConfig, TaskName};
 use super::tasks::{DeviceInfo, ErrorFeed, TaskError, TaskRegistry, TaskState};
-use super::Change;
-use crate::command::{CommandResult, OpError, Output};
+use crate::command::{CommandResult, Output};
+use crate::error::{Code, OpError};
 
 /// Barrier ids the service uses itself; callers may not use this prefix.
 pub const INTERNAL_BARRIER_PREFIX: &str = "coord-internal:";

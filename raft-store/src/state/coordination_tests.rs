@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
-use crate::command::{Command, OpError, Output, Proposal};
+use crate::command::{Command, Output, Proposal};
+use crate::error::OpError;
 
 /// A state with a cluster of `workers` worker tasks (and one recoverable `eval` task).
 fn cluster(workers: u32) -> CoordState {

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::command::{CommandResult, OpError, Output};
+use super::change::Change;
+use crate::command::{CommandResult, Output};
+use crate::error::OpError;
 use crate::key::{dir_range, normalized};
-
-use super::Change;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvStore {

@@ -3,10 +3,27 @@
 //! [`CoordState::apply`] is a pure function of (state, proposal): no clock, no randomness, no I/O.
 //! It also reports the [`Change`]s it made so the server can wake parked calls and feed watches
 //! without polling the state.
+//!
+//! Its modules, bottom up (each uses only those before it, and `crate::error`):
+//!
+//! - `cluster`: task names and the cluster configuration.
+//! - `tasks`: the task registry and the error feed.
+//! - `barriers`: barrier instances and their outcomes.
+//! - `alive`: XLA's GetAliveTasks rounds.
+//! - `change`: the [`Change`]s apply reports.
+//!
+//! These are the coordination records. They know nothing of commands: `crate::command` spells its
+//! ops and outputs with them, and the modules that take commands sit above `crate::command`:
+//!
+//! - `kv`: the replicated key-value store.
+//! - `sessions`: the results kept so a retried request applies once.
+//! - `coordination`: the coordination service's transitions over the records.
+//! - this module: [`CoordState`] and `apply`, which routes each command.
 
-mod alive;
-mod barriers;
-mod cluster;
+pub(crate) mod alive;
+pub(crate) mod barriers;
+mod change;
+pub(crate) mod cluster;
 mod coordination;
 #[cfg(test)]
 mod coordination_tests;
@@ -14,14 +31,14 @@ mod coordination_tests;
 mod fuzz_tests;
 mod kv;
 mod sessions;
-mod tasks;
+pub(crate) mod tasks;
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 pub use alive::{set_key as alive_set_key, wait_key as alive_wait_key, AliveAnswer, AliveQueries};
 pub use barriers::{BarrierRecord, Barriers, Outcome, Participants};
-pub use cluster::{list_tasks, ClusterConfig, Code, TaskName};
+pub use change::Change;
+pub use cluster::{list_tasks, ClusterConfig, TaskName};
 pub use coordination::{
     Cluster, INTERNAL_BARRIER_PREFIX, REGISTER_BARRIER, SHUTDOWN_BARRIER,
     WAIT_FOR_ALL_TASKS_BARRIER,
@@ -32,7 +49,12 @@ pub use tasks::{
     DeviceInfo, ErrorEvent, ErrorFeed, TaskError, TaskRecord, TaskRegistry, TaskState,
 };
 
-use crate::command::{Command, CommandResult, Op, OpError, Output, Proposal};
+// `Code` lives in the leaf `error` module; `state::Code` stays for callers.
+pub use crate::error::Code;
+
+use crate::command::{Command, CommandResult, Op, Output, Proposal};
+use crate::dispatcher::DispatcherState;
+use crate::error::OpError;
 
 /// Everything the ensemble agrees on. A snapshot is exactly this value.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -42,42 +64,7 @@ pub struct CoordState {
     /// The coordinated job; `None` until the first leader sets it up.
     pub cluster: Option<Cluster>,
     /// The tf.data dispatcher.
-    pub dispatcher: crate::dispatcher::DispatcherState,
-}
-
-/// One effect of applying a command, reported to the server after the state changed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    KvPut {
-        key: String,
-        value: Bytes,
-        revision: u64,
-    },
-    KvDelete {
-        key: String,
-        revision: u64,
-    },
-    /// A task's state, incarnation or error changed.
-    TaskChanged {
-        task: TaskName,
-    },
-    /// A barrier instance started; the leader arms a timer for its deadline.
-    BarrierStarted {
-        id: String,
-        counter: i64,
-        deadline_ms: Option<u64>,
-    },
-    /// A barrier instance passed or failed; its waiters can be answered.
-    BarrierDone {
-        id: String,
-        counter: i64,
-    },
-    /// An error entered the feed.
-    ErrorRaised {
-        seq: u64,
-    },
-    /// The cluster was set up.
-    ClusterInitialized,
+    pub dispatcher: DispatcherState,
 }
 
 impl CoordState {
@@ -123,7 +110,8 @@ impl CoordState {
                     service_incarnation: cluster.service_incarnation,
                 })
             }
-            Op::Dispatch(op) => self.dispatcher.apply(op, now_ms),
+            // The one place a dispatcher result becomes a command's result.
+            Op::Dispatch(op) => self.dispatcher.apply(op, now_ms).map(Output::Dispatch),
             op => match self.cluster.as_mut() {
                 None => Err(OpError::NoCluster),
                 Some(c) => {
@@ -207,8 +195,10 @@ fn apply_coordination(
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
-    use crate::command::{OpError, Output, RequestId};
+    use crate::error::RequestId;
 
     fn cmd(client: u64, seq: u64, op: Op) -> Command {
         Command {

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{CommandResult, OpError, RequestId};
+use crate::command::CommandResult;
+use crate::error::{OpError, RequestId};
 
 /// A session with no request for this long (by the leader's proposal clock) is forgotten.
 pub const SESSION_IDLE_TTL_MS: u64 = 60 * 60 * 1000;

@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{ClusterConfig, Code, TaskName};
+use super::cluster::{ClusterConfig, TaskName};
+use crate::error::Code;
 
 /// The feed keeps this many errors; a poller that fell further behind gets the oldest kept one.
 const FEED_CAPACITY: usize = 1024;
@@ -21,6 +22,18 @@ pub enum TaskState {
     Disconnected,
     Connected,
     Error,
+}
+
+impl TaskState {
+    /// The state as coordctl, the status page and metrics print it: TensorFlow's name without
+    /// its `TASKSTATE_` prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Disconnected => "DISCONNECTED",
+            TaskState::Connected => "CONNECTED",
+            TaskState::Error => "ERROR",
+        }
+    }
 }
 
 /// Why a task is in ERROR.

@@ -1,0 +1,242 @@
+//! `/metrics`: Prometheus text, read from the Raft node, the proposer, the read index, the log
+//! flusher, the links, the parked calls and the applied state when it is scraped.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use coord_raft_store::state::TaskState;
+
+use super::Observed;
+use crate::ops::metrics::{counter, gauge, header, single_histogram};
+
+pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
+    let st = r.status();
+    let mut out = String::with_capacity(8 << 10);
+    gauge(
+        &mut out,
+        "coord_raft_term",
+        "Current Raft term.",
+        st.term as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_raft_is_leader",
+        "1 if this replica leads.",
+        f64::from(u8::from(st.leader_id == Some(st.id))),
+    );
+    gauge(
+        &mut out,
+        "coord_raft_last_log_index",
+        "Last index in this replica's log.",
+        st.last_log_index as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_raft_last_applied_index",
+        "Last index applied to the state machine.",
+        st.last_applied as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_raft_snapshot_index",
+        "Last index covered by the snapshot.",
+        st.snapshot_index as f64,
+    );
+    r.rpcs.render_rpcs(&mut out);
+
+    let p = &r.proposer;
+    gauge(
+        &mut out,
+        "coord_proposal_queue_depth",
+        "Client writes waiting for a Raft entry.",
+        p.queued.load(Relaxed) as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_proposal_in_flight_entries",
+        "Raft entries proposed for client writes and not yet answered.",
+        p.in_flight.load(Relaxed) as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_proposal_stalled_seconds",
+        "How long client writes have waited with no entry proposed or answered meanwhile (0 when none wait): a leader that cannot propose.",
+        p.stalled_for().as_secs_f64(),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_abandoned_leader_lost_total",
+        "Entries whose writes were re-driven because this replica stopped leading before Raft answered them.",
+        p.abandoned_leader_lost.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_abandoned_stuck_total",
+        "Entries whose writes were re-driven because they were not committed in time on a replica that still led.",
+        p.abandoned_stuck.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_entries_total",
+        "Raft entries proposed for client writes.",
+        p.entries.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_proposal_commands_total",
+        "Client writes proposed (commands_total / entries_total = batching).",
+        p.commands.load(Relaxed),
+    );
+    single_histogram(
+        &mut out,
+        "coord_commit_latency_seconds",
+        "From a write's arrival at the proposer to its applied result.",
+        &p.commit_latency,
+    );
+
+    single_histogram(
+        &mut out,
+        "coord_apply_latency_seconds",
+        "Applying a batch of committed entries to the state machine (and waking the calls they answer).",
+        r.reader.apply_latency(),
+    );
+
+    let ri = &r.read_index;
+    counter(
+        &mut out,
+        "coord_read_index_rounds_total",
+        "Leadership confirmation rounds for linearizable reads.",
+        ri.rounds.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_read_index_reads_total",
+        "Linearizable reads served by those rounds.",
+        ri.reads.load(Relaxed),
+    );
+    single_histogram(
+        &mut out,
+        "coord_read_index_round_seconds",
+        "Duration of a read-index round.",
+        &ri.round_latency,
+    );
+
+    let sy = &r.sync;
+    counter(
+        &mut out,
+        "coord_log_syncs_total",
+        "fdatasync calls of the Raft log.",
+        sy.syncs.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_log_synced_writes_total",
+        "Log writes made durable (synced_writes_total / syncs_total = group commit).",
+        sy.jobs.load(Relaxed),
+    );
+    single_histogram(
+        &mut out,
+        "coord_log_sync_seconds",
+        "Duration of a log sync (fdatasync of the segments written since the last one).",
+        &sy.latency,
+    );
+    counter(
+        &mut out,
+        "coord_pre_appends_sent_total",
+        "Lone writes sent to followers while this replica, leading, synced them.",
+        sy.pre_appends_sent.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_pre_appends_written_total",
+        "Leader's pre-appends this replica wrote and synced before the leader's AppendEntries.",
+        sy.pre_appends_written.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_pre_appends_passed_total",
+        "Pre-appends this replica did not take (another leader's, or not extending its log).",
+        sy.pre_appends_passed.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_raft_link_calls_total",
+        "AppendEntries this replica, leading, had answered over plain links instead of gRPC.",
+        r.links.calls.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "coord_raft_link_fallbacks_total",
+        "Times a link failed or had a call dropped, after which AppendEntries went over gRPC for 1 s.",
+        r.links.fallbacks.load(Relaxed),
+    );
+
+    gauge(
+        &mut out,
+        "coord_parked_calls",
+        "Blocking calls parked on this replica.",
+        r.hub.parked() as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_active_watches",
+        "Key watch streams served by this replica.",
+        r.hub.watches.active.load(Relaxed) as f64,
+    );
+    let (tasks, open_barriers) = r.reader.read(|a| match &a.state.cluster {
+        Some(c) => (
+            [
+                TaskState::Disconnected,
+                TaskState::Connected,
+                TaskState::Error,
+            ]
+            .map(|st| (st, c.tasks.count_in(st))),
+            c.barriers.pending().count(),
+        ),
+        None => (
+            [
+                TaskState::Disconnected,
+                TaskState::Connected,
+                TaskState::Error,
+            ]
+            .map(|st| (st, 0)),
+            0,
+        ),
+    });
+    header(
+        &mut out,
+        "coord_tasks",
+        "gauge",
+        "Tasks of the coordinated job by state (this replica's applied state).",
+    );
+    for (st, n) in tasks {
+        let _ = writeln!(out, "coord_tasks{{state=\"{}\"}} {n}", st.name());
+    }
+    gauge(
+        &mut out,
+        "coord_open_barriers",
+        "Barrier instances waiting for participants.",
+        open_barriers as f64,
+    );
+    r.reader
+        .read(|a| crate::serve::dispatcher::metrics::write(&mut out, &a.state.dispatcher));
+    let keys = r.reader.read(|a| a.state.kv.len());
+    gauge(
+        &mut out,
+        "coord_kv_keys",
+        "Keys in the key-value store.",
+        keys as f64,
+    );
+    let _ = writeln!(out);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        out,
+    )
+        .into_response()
+}

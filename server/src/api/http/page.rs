@@ -1,0 +1,181 @@
+//! The status page: a person leaves it open during a training run; it refreshes itself from
+//! `/api/overview`, which shows every replica's own view, and the tasks and open barriers as the
+//! leader has them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use coord_proto::coord::admin::admin_client::AdminClient;
+
+use super::{status_of, Observed};
+
+/// The page itself.
+pub(super) async fn page() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("status_page.html"),
+    )
+        .into_response()
+}
+
+#[derive(serde::Serialize)]
+pub(super) struct Overview {
+    me: u64,
+    leader: Option<u64>,
+    replicas: Vec<ReplicaRow>,
+    tasks: Vec<TaskCell>,
+    barriers: Vec<BarrierLine>,
+    /// Why tasks or barriers could not be read (no leader, ...), for the page's banner.
+    problem: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct ReplicaRow {
+    id: u64,
+    addr: String,
+    reachable: bool,
+    /// The leader of the highest term any replica reports (a deposed leader that has not heard
+    /// of its successor still says "Leader", of an older term).
+    leader: bool,
+    state: Option<String>,
+    term: Option<u64>,
+    last_log_index: Option<u64>,
+    last_applied: Option<u64>,
+    lag: Option<u64>,
+}
+
+#[derive(serde::Serialize)]
+struct TaskCell {
+    name: String,
+    job: String,
+    task: u32,
+    state: String,
+    heartbeat_age_ms: Option<u64>,
+    error: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct BarrierLine {
+    id: String,
+    counter: i64,
+    arrived: Vec<String>,
+    missing: Vec<String>,
+    ms_left: Option<i64>,
+}
+
+/// Everything the status page shows: every replica's own view, and the tasks and open barriers
+/// as the leader has them (asked through this replica's own gRPC port, which routes there).
+pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
+    let me = s.status();
+    let mut views = Vec::new();
+    for m in &me.members {
+        let view = if m.id == me.id {
+            Some(me.to_proto())
+        } else {
+            status_of(&s.peers, &m.addr).await.ok()
+        };
+        views.push((m, view));
+    }
+    let leader_view = views
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .filter(|v| v.state == "Leader")
+        .max_by_key(|v| v.term);
+    let (leader_id, leader_log) = (
+        leader_view.map(|v| v.id),
+        leader_view.map(|v| v.last_log_index),
+    );
+    let replicas = views
+        .into_iter()
+        .map(|(m, v)| ReplicaRow {
+            id: m.id,
+            addr: m.addr.clone(),
+            reachable: v.is_some(),
+            leader: Some(m.id) == leader_id,
+            lag: v
+                .as_ref()
+                .zip(leader_log)
+                .map(|(v, l)| l.saturating_sub(v.last_applied)),
+            state: v.as_ref().map(|v| {
+                if v.state == "Leader" && Some(m.id) != leader_id {
+                    format!("Leader (deposed, term {})", v.term)
+                } else {
+                    v.state.clone()
+                }
+            }),
+            term: v.as_ref().map(|v| v.term),
+            last_log_index: v.as_ref().map(|v| v.last_log_index),
+            last_applied: v.as_ref().map(|v| v.last_applied),
+        })
+        .collect();
+
+    let mut problem = None;
+    let mut tasks = Vec::new();
+    let mut barriers = Vec::new();
+    let own = loopback(s.listen);
+    match s.peers.get(&own) {
+        Ok(ch) => {
+            let mut client = AdminClient::new(ch);
+            let mut req = tonic::Request::new(coord_proto::coord::admin::TasksRequest {});
+            req.set_timeout(Duration::from_secs(2));
+            match client.tasks(req).await {
+                Ok(r) => {
+                    tasks = r
+                        .into_inner()
+                        .tasks
+                        .into_iter()
+                        .map(|t| TaskCell {
+                            name: format!("/job:{}/task:{}", t.job, t.task),
+                            job: t.job,
+                            task: t.task,
+                            state: t.state,
+                            heartbeat_age_ms: t.heartbeat_age_ms,
+                            error: (!t.error_message.is_empty()).then_some(t.error_message),
+                        })
+                        .collect()
+                }
+                Err(e) => problem = Some(format!("tasks: {}", e.message())),
+            }
+            let mut req = tonic::Request::new(coord_proto::coord::admin::BarriersRequest {});
+            req.set_timeout(Duration::from_secs(2));
+            match client.barriers(req).await {
+                Ok(r) => {
+                    barriers = r
+                        .into_inner()
+                        .barriers
+                        .into_iter()
+                        .map(|b| BarrierLine {
+                            id: b.id,
+                            counter: b.counter,
+                            arrived: b.arrived,
+                            missing: b.missing,
+                            ms_left: b.ms_left,
+                        })
+                        .collect()
+                }
+                Err(e) => problem = Some(format!("barriers: {}", e.message())),
+            }
+        }
+        Err(e) => problem = Some(e),
+    }
+    Json(Overview {
+        me: me.id,
+        leader: leader_id.or(me.leader_id),
+        replicas,
+        tasks,
+        barriers,
+        problem,
+    })
+}
+
+/// Where this process can reach its own gRPC port (`0.0.0.0` is not an address to dial).
+fn loopback(listen: std::net::SocketAddr) -> String {
+    if listen.ip().is_unspecified() {
+        format!("127.0.0.1:{}", listen.port())
+    } else {
+        listen.to_string()
+    }
+}

@@ -1,0 +1,185 @@
+//! `coord.kv.KeyValue`: atomic increment (routed like any write) and key watches (served by the
+//! leader from the [`WatchHub`](crate::serve::watch_hub::WatchHub)).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use coord_proto::coord::kv as pb;
+use coord_proto::coord::kv::key_value_client::KeyValueClient;
+use coord_proto::coord::kv::key_value_server::KeyValue;
+use futures::Stream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::error::CoordError;
+use crate::raft::leader::{LeaderWatch, Leadership};
+use crate::serve::kv::KvCore;
+use crate::serve::route::{Kind, Router};
+use crate::serve::watch_hub::{EventKind, KvEvent, WatchHub};
+
+pub struct KvService {
+    router: Arc<Router>,
+    kv: Arc<KvCore>,
+    watches: Arc<WatchHub>,
+    leader: LeaderWatch,
+    me: u64,
+}
+
+impl KvService {
+    pub fn new(
+        router: Arc<Router>,
+        kv: Arc<KvCore>,
+        watches: Arc<WatchHub>,
+        leader: LeaderWatch,
+        me: u64,
+    ) -> Self {
+        Self {
+            router,
+            kv,
+            watches,
+            leader,
+            me,
+        }
+    }
+}
+
+fn to_wire(e: &KvEvent) -> pb::WatchEvent {
+    pb::WatchEvent {
+        kind: match e.kind {
+            EventKind::Put => pb::watch_event::Kind::Put as i32,
+            EventKind::Delete => pb::watch_event::Kind::Delete as i32,
+        },
+        key: e.key.clone(),
+        value: e.value.clone(),
+        revision: e.revision,
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+/// Counts a watch stream as active while it lives.
+struct ActiveWatch(Arc<WatchHub>);
+
+impl ActiveWatch {
+    fn new(hub: Arc<WatchHub>) -> Self {
+        hub.active
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(hub)
+    }
+}
+
+impl Drop for ActiveWatch {
+    fn drop(&mut self) {
+        self.0
+            .active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tonic::async_trait]
+impl KeyValue for KvService {
+    async fn increment(
+        &self,
+        req: Request<pb::IncrementRequest>,
+    ) -> Result<Response<pb::IncrementResponse>, Status> {
+        let kv = &*self.kv;
+        self.router
+            .route(
+                "Increment",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let value = kv.increment(id, &m.key, m.delta).await?;
+                    Ok(pb::IncrementResponse { value })
+                },
+                |ch, r| async move { KeyValueClient::new(ch).increment(r).await },
+            )
+            .await
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let req = req.into_inner();
+        if self.leader.current() != Leadership::Me {
+            // Watches are leader memory: send the client to the leader.
+            return Err(CoordError::NotLeader {
+                me: self.me,
+                leader: self.leader.current().hint(),
+            }
+            .into());
+        }
+        let key = self.kv.check_key(&req.key, "watched key")?;
+        // Subscribe before reading history, so no change falls between the two.
+        let mut live = self.watches.subscribe();
+        let start = if req.start_revision == 0 {
+            self.kv.read_index.linearize().await?;
+            self.kv.reader.read(|a| a.state.kv.revision()) + 1
+        } else {
+            req.start_revision
+        };
+        let backlog = self.watches.since(start, &key).map_err(|c| {
+            Status::out_of_range(format!(
+                "watch of {key:?} from revision {start}: this leader keeps changes from revision {} on; read the current values and watch from there",
+                c.oldest
+            ))
+        })?;
+        let (tx, rx) = mpsc::channel(64);
+        let leader = self.leader.clone();
+        let active = ActiveWatch::new(self.watches.clone());
+        tokio::spawn(async move {
+            let _active = active;
+            let mut last = start - 1;
+            let first = pb::WatchResponse {
+                started_after: last,
+                events: backlog.iter().map(to_wire).collect(),
+            };
+            if let Some(e) = backlog.last() {
+                last = e.revision;
+            }
+            if tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            loop {
+                let batch = tokio::select! {
+                    b = live.recv() => b,
+                    () = leader.lost() => {
+                        let _ = tx.send(Err(Status::unavailable("the leader serving this watch lost its leadership; resume on the new leader"))).await;
+                        return;
+                    }
+                };
+                let batch = match batch {
+                    Ok(b) => b,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        let _ = tx
+                            .send(Err(Status::unavailable(format!(
+                                "watch of {key:?} fell behind the change feed; resume from revision {}",
+                                last + 1
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let events: Vec<pb::WatchEvent> = batch
+                    .iter()
+                    .filter(|e| e.revision > last && e.concerns(&key))
+                    .map(to_wire)
+                    .collect();
+                let Some(newest) = events.last().map(|e| e.revision) else {
+                    continue;
+                };
+                last = newest;
+                let msg = pb::WatchResponse {
+                    started_after: 0,
+                    events,
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,23 @@
+//! Wire adapters: one per surface. Each decodes its protocol, hands the call to the
+//! [router](crate::serve::route) and encodes the answer; the semantics live in [`crate::serve`].
+//!
+//! - [`tf`]: `tensorflow.CoordinationService`, as TensorFlow's agents speak it.
+//! - [`xla`]: `xla.coordination.CoordinationService`, as jaxlib speaks it, with its error details.
+//! - [`kv`]: `coord.kv.KeyValue`: atomic increment and key watches.
+//! - [`coordination`]: `coord.coordination.Coordination`: error polling and task states for coord's
+//!   own agent.
+//! - [`dispatcher`]: `coord.dispatcher.Dispatcher`, the tf.data dispatcher.
+//! - [`admin`]: `coord.admin.Admin`: status, tasks, barriers, snapshots, membership.
+//! - [`http`]: the HTTP port: health, readiness, status, metrics and the status page.
+//! - [`wire`]: conversions between TensorFlow's wire types and the state machine's.
+//! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
+
+pub mod admin;
+pub mod coordination;
+pub mod dispatcher;
+pub mod http;
+pub mod kv;
+pub mod oversized;
+pub mod tf;
+pub mod wire;
+pub mod xla;

@@ -1,0 +1,171 @@
+//! The `xla.coordination.CoordinationService` wire adapter: what jaxlib 0.10+ speaks. Like
+//! [`crate::api::tf`], it only decodes, routes to the leader and encodes; the semantics are
+//! [`KvCore`]'s and [`CoordCore`]'s, shared with the TensorFlow surface.
+//!
+//! What XLA adds on the wire:
+//! - tasks are integer ids, all of one configured job (`--xla-job`);
+//! - every request but RegisterTask carries the service incarnation, and a stale one is refused
+//!   (INTERNAL with a `ServiceMismatchError`), so a client never talks to a service that lost its
+//!   state. Ours is the cluster's, fixed when the ensemble set the cluster up, so failover never
+//!   trips it;
+//! - every error the service itself produces carries a `CoordinationServiceError` in
+//!   `grpc-status-details-bin` (barrier errors a `BarrierError` too): jaxlib takes an error
+//!   without one for a broken connection. Routing's UNAVAILABLE ("try another replica") is sent
+//!   without, on purpose (see [`errors`]);
+//! - RegisterTask waits at a register barrier of every task (as JAX configures its service).
+//!
+//! [`service`] holds the RPCs; this module the service's state and the helpers they share.
+
+pub mod errors;
+mod service;
+
+use std::sync::Arc;
+
+use crate::raft::peers::PeerChannel;
+use bytes::Bytes;
+use coord_proto::xla::coordination as xla;
+use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
+use coord_raft_store::state::{Cluster, TaskName, TaskState};
+use tonic::{Request, Status};
+
+use crate::error::CoordError;
+use crate::raft::peers::PEER_MESSAGE_LIMIT;
+use crate::serve::coordination::CoordCore;
+use crate::serve::kv::KvCore;
+use crate::serve::route::Router;
+use errors::{detailed, service_mismatch};
+
+pub struct XlaService {
+    router: Arc<Router>,
+    kv: Arc<KvCore>,
+    coord: Arc<CoordCore>,
+    /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
+    job: Option<String>,
+}
+
+fn client(ch: PeerChannel) -> CoordinationServiceClient<PeerChannel> {
+    CoordinationServiceClient::new(ch)
+        .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+}
+
+fn entry(key: String, value: Bytes) -> xla::KeyValueEntry {
+    xla::KeyValueEntry { key, value }
+}
+
+/// `Incarnations` as a request carries it: the service incarnation it believes in.
+fn claimed_incarnation(i: Option<&xla::Incarnations>) -> u64 {
+    i.map_or(0, |i| i.service_incarnation)
+}
+
+fn state_of(s: TaskState) -> xla::TaskState {
+    match s {
+        TaskState::Disconnected => xla::TaskState::TaskstateDisconnected,
+        TaskState::Connected => xla::TaskState::TaskstateConnected,
+        TaskState::Error => xla::TaskState::TaskstateError,
+    }
+}
+
+impl XlaService {
+    pub fn new(
+        router: Arc<Router>,
+        kv: Arc<KvCore>,
+        coord: Arc<CoordCore>,
+        job: Option<String>,
+    ) -> Self {
+        Self {
+            router,
+            kv,
+            coord,
+            job,
+        }
+    }
+
+    /// The XLA job's name and task count, from the replicated configuration.
+    fn job(&self) -> Result<(String, u32), CoordError> {
+        let found = self.coord.reader.read(|a| {
+            let c: &Cluster = a.state.cluster.as_ref()?;
+            let (name, n) = match &self.job {
+                Some(j) => (j.clone(), c.config.jobs.get(j).copied()),
+                None => c
+                    .config
+                    .jobs
+                    .iter()
+                    .next()
+                    .map(|(j, n)| (j.clone(), Some(*n)))?,
+            };
+            Some((name, n))
+        });
+        match found {
+            None => Err(CoordError::Unavailable(
+                "the coordination service has no cluster configuration yet".into(),
+            )),
+            Some((name, None)) => Err(detailed(CoordError::Internal(format!(
+                "--xla-job {name:?} is not a job of the cluster; XLA task ids cannot be served"
+            )))),
+            Some((name, Some(n))) => Ok((name, n)),
+        }
+    }
+
+    /// The task XLA's id `id` names (in `field`), checked against the job's size.
+    fn task(&self, id: i32, field: &str) -> Result<TaskName, CoordError> {
+        let (job, n) = self.job()?;
+        task_of(&job, n, id, field)
+    }
+
+    /// Over TLS, a task's certificate acts only as its own task (see `authz`): `id` is the XLA
+    /// task id the request names in `field`.
+    fn acting_as<T>(
+        &self,
+        req: &Request<T>,
+        method: &'static str,
+        field: &str,
+        id: i32,
+    ) -> Result<(), Status> {
+        let check = self.router.authz().acting_as_with(req, method, field, || {
+            let (job, _) = self.job().map_err(Status::from)?;
+            Ok((job, i64::from(id)))
+        });
+        self.router.checked(method, check)
+    }
+
+    /// Every task of `ids` (the job read once for all of them).
+    fn tasks(&self, ids: &[i32], field: &str) -> Result<Vec<TaskName>, CoordError> {
+        let (job, n) = self.job()?;
+        ids.iter().map(|&i| task_of(&job, n, i, field)).collect()
+    }
+
+    fn all_tasks(&self) -> Result<Vec<TaskName>, CoordError> {
+        let (job, n) = self.job()?;
+        Ok((0..n).map(|t| TaskName::new(job.clone(), t)).collect())
+    }
+
+    /// Refuses a request made for another service incarnation (another service, or one that
+    /// lost its state): the client must not carry on against it.
+    fn check_incarnation(&self, i: Option<&xla::Incarnations>) -> Result<(), CoordError> {
+        let ours = self.coord.service_incarnation()?;
+        let theirs = claimed_incarnation(i);
+        if theirs == ours {
+            return Ok(());
+        }
+        Err(service_mismatch(theirs, ours))
+    }
+}
+
+/// Task `id` of `job` (which has `n` tasks), or INVALID_ARGUMENT naming it.
+fn task_of(job: &str, n: u32, id: i32, field: &str) -> Result<TaskName, CoordError> {
+    match u32::try_from(id) {
+        Ok(t) if t < n => Ok(TaskName::new(job, t)),
+        _ => Err(detailed(CoordError::InvalidArgument(format!(
+            "{field}: task {id} is not a task of job {job:?} (tasks 0..{})",
+            n.saturating_sub(1)
+        )))),
+    }
+}
+
+/// Runs `f`, giving its service errors their XLA payload.
+async fn served<T>(
+    f: impl std::future::Future<Output = Result<T, CoordError>>,
+) -> Result<T, CoordError> {
+    f.await.map_err(detailed)
+}

@@ -1,0 +1,483 @@
+//! The RPCs of `xla.coordination.CoordinationService` (see the [module above](super)).
+
+use coord_proto::xla::coordination as xla;
+use coord_proto::xla::coordination::coordination_service_server::CoordinationService;
+use coord_raft_store::state::Outcome;
+use tonic::{Request, Response, Status};
+
+use super::errors::{barrier_error, error_payload, id_of, polled};
+use crate::error::{grpc_code, CoordError};
+use crate::serve::route::Kind;
+
+use super::{client, entry, served, state_of, XlaService};
+
+#[tonic::async_trait]
+impl CoordinationService for XlaService {
+    async fn register_task(
+        &self,
+        req: Request<xla::RegisterTaskRequest>,
+    ) -> Result<Response<xla::RegisterTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/RegisterTask",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/RegisterTask",
+                Kind::Write,
+                req,
+                |m, id| {
+                    served(async move {
+                        let task = this.task(m.source_task_id, "source_task_id")?;
+                        let all = this.all_tasks()?;
+                        let service_incarnation = this
+                            .coord
+                            .register_at_barrier(id, task, m.incarnation, all)
+                            .await?;
+                        Ok(xla::RegisterTaskResponse {
+                            service_incarnation,
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).register_task(r).await },
+            )
+            .await
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<xla::HeartbeatRequest>,
+    ) -> Result<Response<xla::HeartbeatResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/Heartbeat",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/Heartbeat",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let task = this.task(m.source_task_id, "source_task_id")?;
+                        let incarnation = match m.incarnations.as_ref() {
+                            Some(i) if i.task_incarnation != 0 => i.task_incarnation,
+                            _ => m.incarnation,
+                        };
+                        let service_incarnation = this.coord.heartbeat(&task, incarnation)?;
+                        Ok(xla::HeartbeatResponse {
+                            service_incarnation,
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).heartbeat(r).await },
+            )
+            .await
+    }
+
+    async fn shutdown_task(
+        &self,
+        req: Request<xla::ShutdownTaskRequest>,
+    ) -> Result<Response<xla::ShutdownTaskResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/ShutdownTask",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/ShutdownTask",
+                Kind::Write,
+                req,
+                |m, id| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let task = this.task(m.source_task_id, "source_task_id")?;
+                        match this.coord.shutdown(id, task).await? {
+                            Some(Outcome::Failed { code, message }) => {
+                                Err(CoordError::status(code, message))
+                            }
+                            _ => Ok(xla::ShutdownTaskResponse {}),
+                        }
+                    })
+                },
+                |ch, r| async move { client(ch).shutdown_task(r).await },
+            )
+            .await
+    }
+
+    async fn watch_tasks(
+        &self,
+        req: Request<xla::WatchTasksRequest>,
+    ) -> Result<Response<xla::WatchTasksResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/WatchTasks",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let tasks = this.all_tasks()?;
+                        let (version_number, records) =
+                            this.coord.watch_tasks(&tasks, m.version_number).await?;
+                        let task_state = records
+                            .into_iter()
+                            .map(|(t, r)| xla::TaskInfo {
+                                task_id: id_of(&t),
+                                incarnation: r.incarnation,
+                                state: state_of(r.state) as i32,
+                                error_code: r
+                                    .error
+                                    .as_ref()
+                                    .map_or(0, |e| grpc_code(e.code) as i32),
+                                error_message: r
+                                    .error
+                                    .as_ref()
+                                    .map_or_else(String::new, |e| e.message.clone()),
+                                error_payload: r.error.as_ref().map(error_payload),
+                            })
+                            .collect();
+                        Ok(xla::WatchTasksResponse {
+                            task_state,
+                            version_number,
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).watch_tasks(r).await },
+            )
+            .await
+    }
+
+    async fn insert_key_value(
+        &self,
+        req: Request<xla::InsertKeyValueRequest>,
+    ) -> Result<Response<xla::InsertKeyValueResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/InsertKeyValue",
+                Kind::Write,
+                req,
+                |m, id| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let e = m.kv.ok_or_else(|| {
+                            CoordError::InvalidArgument(
+                                "InsertKeyValueRequest.kv is missing".into(),
+                            )
+                        })?;
+                        this.kv
+                            .insert(id, &e.key, e.value, m.allow_overwrite)
+                            .await?;
+                        Ok(xla::InsertKeyValueResponse {})
+                    })
+                },
+                |ch, r| async move { client(ch).insert_key_value(r).await },
+            )
+            .await
+    }
+
+    async fn get_key_value(
+        &self,
+        req: Request<xla::GetKeyValueRequest>,
+    ) -> Result<Response<xla::GetKeyValueResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/GetKeyValue",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let (key, value) = this.kv.get(&m.key).await?;
+                        Ok(xla::GetKeyValueResponse {
+                            kv: Some(entry(key, value)),
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).get_key_value(r).await },
+            )
+            .await
+    }
+
+    async fn try_get_key_value(
+        &self,
+        req: Request<xla::TryGetKeyValueRequest>,
+    ) -> Result<Response<xla::TryGetKeyValueResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/TryGetKeyValue",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let (key, value) = this.kv.try_get(&m.key).await?;
+                        Ok(xla::TryGetKeyValueResponse {
+                            kv: Some(entry(key, value)),
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).try_get_key_value(r).await },
+            )
+            .await
+    }
+
+    async fn increment_key_value(
+        &self,
+        req: Request<xla::IncrementKeyValueRequest>,
+    ) -> Result<Response<xla::IncrementKeyValueResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/IncrementKeyValue",
+                Kind::Write,
+                req,
+                |m, id| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let key = this.kv.check_key(&m.key, "key")?;
+                        let value = this.kv.increment(id, &key, m.increment).await?;
+                        Ok(xla::IncrementKeyValueResponse {
+                            kv: Some(entry(key, value)),
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).increment_key_value(r).await },
+            )
+            .await
+    }
+
+    async fn get_key_value_dir(
+        &self,
+        req: Request<xla::GetKeyValueDirRequest>,
+    ) -> Result<Response<xla::GetKeyValueDirResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/GetKeyValueDir",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let (dir, entries) = this.kv.get_dir(&m.directory_key).await?;
+                        Ok(xla::GetKeyValueDirResponse {
+                            directory_key: dir,
+                            kv: entries.into_iter().map(|(k, v)| entry(k, v)).collect(),
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).get_key_value_dir(r).await },
+            )
+            .await
+    }
+
+    async fn delete_key_value(
+        &self,
+        req: Request<xla::DeleteKeyValueRequest>,
+    ) -> Result<Response<xla::DeleteKeyValueResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/DeleteKeyValue",
+                Kind::Write,
+                req,
+                // The key and everything under it, whatever `is_directory` says (as XLA does).
+                |m, id| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        this.kv.delete(id, &m.key).await?;
+                        Ok(xla::DeleteKeyValueResponse {})
+                    })
+                },
+                |ch, r| async move { client(ch).delete_key_value(r).await },
+            )
+            .await
+    }
+
+    async fn barrier(
+        &self,
+        req: Request<xla::BarrierRequest>,
+    ) -> Result<Response<xla::BarrierResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/Barrier",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/Barrier",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
+                    let passed = async {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let source = this.task(m.source_task_id, "source_task_id")?;
+                        let tasks = this.tasks(&m.task_ids, "task_ids")?;
+                        this.coord
+                            .barrier(
+                                id,
+                                m.barrier_id,
+                                m.counter,
+                                tasks,
+                                m.barrier_timeout_in_ms,
+                                source,
+                            )
+                            .await
+                    };
+                    match passed.await {
+                        Ok(counter) => Ok(xla::BarrierResponse { counter }),
+                        Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                    }
+                },
+                |ch, r| async move { client(ch).barrier(r).await },
+            )
+            .await
+    }
+
+    async fn cancel_barrier(
+        &self,
+        req: Request<xla::CancelBarrierRequest>,
+    ) -> Result<Response<xla::CancelBarrierResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/CancelBarrier",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/CancelBarrier",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
+                    let cancelled = async {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let source = this.task(m.source_task_id, "source_task_id")?;
+                        this.coord
+                            .cancel_barrier(id, m.barrier_id, m.counter, source)
+                            .await
+                    };
+                    match cancelled.await {
+                        Ok(()) => Ok(xla::CancelBarrierResponse {}),
+                        Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                    }
+                },
+                |ch, r| async move { client(ch).cancel_barrier(r).await },
+            )
+            .await
+    }
+
+    async fn get_alive_tasks(
+        &self,
+        req: Request<xla::GetAliveTasksRequest>,
+    ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/GetAliveTasks",
+            "requesting_task_id",
+            req.get_ref().requesting_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/GetAliveTasks",
+                Kind::Write,
+                req,
+                |m, id| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let source = this.task(m.requesting_task_id, "requesting_task_id")?;
+                        let tasks = this.tasks(&m.task_ids, "task_ids")?;
+                        let alive = this.coord.get_alive(id, source, tasks).await?;
+                        Ok(xla::GetAliveTasksResponse {
+                            alive_task_ids: alive.iter().map(|(t, _)| id_of(t)).collect(),
+                            incarnations: alive.iter().map(|(_, i)| *i).collect(),
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).get_alive_tasks(r).await },
+            )
+            .await
+    }
+
+    async fn poll_for_error(
+        &self,
+        req: Request<xla::PollForErrorRequest>,
+    ) -> Result<Response<xla::PollForErrorResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/PollForError",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/PollForError",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let task = this.task(m.source_task_id, "source_task_id")?;
+                        let e = this.coord.poll_error_since_register(task).await?;
+                        // The error is the answer: the poll ends with it.
+                        Err::<xla::PollForErrorResponse, _>(polled(&e))
+                    })
+                },
+                |ch, r| async move { client(ch).poll_for_error(r).await },
+            )
+            .await
+    }
+
+    async fn report_error_to_service(
+        &self,
+        req: Request<xla::ReportErrorToServiceRequest>,
+    ) -> Result<Response<xla::ReportErrorToServiceResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/ReportErrorToService",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/ReportErrorToService",
+                Kind::Write,
+                req,
+                |m, id| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let task = this.task(m.source_task_id, "source_task_id")?;
+                        this.coord
+                            .report_error(id, task, m.error_code, m.error_message)
+                            .await?;
+                        Ok(xla::ReportErrorToServiceResponse {})
+                    })
+                },
+                |ch, r| async move { client(ch).report_error_to_service(r).await },
+            )
+            .await
+    }
+}

@@ -1,0 +1,430 @@
+//! Command-line configuration of a replica, and its validation.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use coord_raft_store::state::ClusterConfig;
+
+/// One replica of a coord ensemble.
+///
+/// Start every replica of a new ensemble with the same `--initial-cluster` (and `--cluster-token`);
+/// they find each other and elect a leader. Restart a replica with the same flags.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "coordinator", version, about, long_about = None)]
+pub struct Args {
+    /// This replica's id; must appear in --initial-cluster.
+    #[arg(long)]
+    pub id: u64,
+
+    /// Address of the gRPC port (clients and peers).
+    #[arg(long)]
+    pub listen: SocketAddr,
+
+    /// Address of the HTTP port (/livez, /readyz, /metrics, /status).
+    #[arg(long)]
+    pub http_listen: SocketAddr,
+
+    /// Every replica of the ensemble as `id=host:port`, comma separated.
+    #[arg(long, value_parser = parse_initial_cluster)]
+    pub initial_cluster: InitialCluster,
+
+    /// Join a running ensemble instead of bootstrapping one: the replica waits until the leader
+    /// adds it (`coordctl member add`). Give the ensemble's own --initial-cluster (it names the
+    /// ensemble); this replica's id must not be in it.
+    #[arg(long)]
+    pub join: bool,
+
+    /// Where this replica keeps its Raft log, vote and snapshots.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+
+    /// Distinguishes ensembles started with the same --initial-cluster: replicas refuse data
+    /// directories and Raft traffic of another token.
+    #[arg(long, default_value = "coord")]
+    pub cluster_token: String,
+
+    /// Leader heartbeat interval.
+    #[arg(long, default_value_t = 50)]
+    pub heartbeat_ms: u64,
+
+    /// A follower that hears no leader for a random time in [min, max] starts an election.
+    #[arg(long, default_value_t = 150)]
+    pub election_timeout_min_ms: u64,
+
+    /// Also the leader lease: a voter refuses other candidates this long after it last heard
+    /// from its leader, and a leader serves only this long after a quorum last acknowledged it.
+    #[arg(long, default_value_t = 300)]
+    pub election_timeout_max_ms: u64,
+
+    /// Take a snapshot (and purge the log before it) after this many entries.
+    #[arg(long, default_value_t = 10_000)]
+    pub snapshot_every_entries: u64,
+
+    /// Longest key accepted, in bytes (after normalization).
+    #[arg(long, default_value_t = 4096)]
+    pub max_key_bytes: usize,
+
+    /// Largest value accepted, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_value_bytes: usize,
+
+    /// Most keys the store holds; inserting a new key past it fails RESOURCE_EXHAUSTED (0: no
+    /// limit). Checked on the leader before proposing, so writes already in flight may overshoot
+    /// it by their number.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub max_keys: u64,
+
+    /// Requests a second one client may send to this replica, with a burst of one second's worth
+    /// (0: no limit). A client is its request-id client, or its connection.
+    #[arg(long, default_value_t = 50_000)]
+    pub max_requests_per_second_per_client: u32,
+
+    /// Blocking calls (GetKeyValue, barriers, WaitForAllTasks, error polls) one client may have in
+    /// flight at this replica (0: no limit).
+    #[arg(long, default_value_t = 100_000)]
+    pub max_blocking_calls_per_client: usize,
+
+    /// Concurrent HTTP/2 streams per client connection (each parked call holds one); further
+    /// calls wait in the client for a free stream. tonic's own default is no limit.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_concurrent_streams: u32,
+
+    /// How long a request waits for a reachable leader before it fails UNAVAILABLE.
+    #[arg(long, default_value_t = 5_000)]
+    pub leader_wait_ms: u64,
+
+    /// Raft entries the leader keeps in flight; writes arriving meanwhile are batched into the
+    /// next entry.
+    #[arg(long, default_value_t = 4)]
+    pub max_inflight_proposals: usize,
+
+    /// Do not send a lone write to the followers while the leader syncs it; they then receive
+    /// it only after the leader's sync (openraft's order). Sending it ahead makes the three
+    /// replicas' syncs overlap.
+    #[arg(long)]
+    pub no_pre_append: bool,
+
+    /// Send AppendEntries over gRPC only, not over plain framed links (links are used only
+    /// without TLS; they spare each replication round trip HTTP/2 and tonic).
+    #[arg(long)]
+    pub no_raft_links: bool,
+
+    /// A coordinated job and its task count, `name=count` (repeat for each job), e.g.
+    /// `--job worker=4 --job ps=2`.
+    #[arg(long = "job", value_parser = parse_job)]
+    pub jobs: Vec<(String, u32)>,
+
+    /// A JSON file with the cluster configuration instead of the --job and timeout flags:
+    /// `{"jobs": {"worker": 4}, "heartbeat_timeout_ms": 10000, "register_timeout_ms": 0,
+    /// "shutdown_barrier_timeout_ms": 0, "recoverable_jobs": []}` (fields may be left out).
+    #[arg(long)]
+    pub cluster_config: Option<PathBuf>,
+
+    /// A connected task that sends no heartbeat for this long is put in ERROR.
+    #[arg(long, default_value_t = 10_000)]
+    pub heartbeat_timeout_ms: u64,
+
+    /// WaitForAllTasks fails if not every task has arrived this long after the first (0 = wait
+    /// forever).
+    #[arg(long, default_value_t = 0)]
+    pub register_timeout_ms: u64,
+
+    /// ShutdownTask waits up to this long for every task, so that all disconnect together
+    /// (0 = each task disconnects at once).
+    #[arg(long, default_value_t = 0)]
+    pub shutdown_barrier_timeout_ms: u64,
+
+    /// The job whose tasks XLA's integer task ids name on `xla.coordination.CoordinationService`
+    /// (default: the first --job, or the first job of --cluster-config in name order). Give
+    /// every replica the same value.
+    #[arg(long)]
+    pub xla_job: Option<String>,
+
+    /// A job whose tasks may restart without failing the others (repeatable).
+    #[arg(long = "recoverable-job")]
+    pub recoverable_jobs: Vec<String>,
+
+    /// Bind outgoing connections to other replicas to this local address (on a host with several
+    /// interfaces; the fault-injection tests also use it to tell replicas apart).
+    #[arg(long)]
+    pub peer_source_ip: Option<std::net::IpAddr>,
+
+    /// Threads of the async runtime; 0 = one per CPU core.
+    #[arg(long, default_value_t = 0)]
+    pub worker_threads: usize,
+
+    /// The dispatcher declares a data worker dead after this long without a heartbeat, and hands
+    /// the splits it had not delivered to other workers.
+    #[arg(long, default_value_t = 10_000)]
+    pub dispatcher_worker_timeout_ms: u64,
+
+    /// The dispatcher releases a job client after this long without a heartbeat (TF: 5 min).
+    #[arg(long, default_value_t = 300_000)]
+    pub dispatcher_client_timeout_ms: u64,
+
+    /// A job (other than DYNAMIC) with no clients for this long is garbage-collected (TF: 5 min).
+    #[arg(long, default_value_t = 300_000)]
+    pub dispatcher_job_gc_timeout_ms: u64,
+
+    /// /readyz fails while this replica is more entries than this behind the leader.
+    #[arg(long, default_value_t = 1_000)]
+    pub ready_max_lag: u64,
+
+    /// This replica's certificate (PEM, leaf first). With --tls-key and --tls-ca the gRPC port
+    /// speaks TLS only, replicas accept Raft traffic only from each other, and callers'
+    /// certificates are checked (see --tls-client-auth). Its alternative names hold
+    /// `coord://<cluster-token>/replica/<id>` and the host name or address clients and peers
+    /// reach it by. It is also the certificate this replica presents to its peers.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"], env = "COORD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires_all = ["tls_cert", "tls_ca"], env = "COORD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// The ensemble's CA certificate (PEM): peers, tasks and operators present certificates it
+    /// signed, and peers' servers are checked against it.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"], env = "COORD_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// With TLS: `optional` lets callers connect without a certificate (a caller that presents
+    /// one is held to its identity: a task may act only as itself); `require` refuses them at
+    /// the handshake. Raft traffic always needs a replica certificate.
+    #[arg(long, value_enum, default_value_t = ClientAuthArg::Optional, env = "COORD_TLS_CLIENT_AUTH")]
+    pub tls_client_auth: ClientAuthArg,
+}
+
+/// `--tls-client-auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientAuthArg {
+    Optional,
+    Require,
+}
+
+/// `--initial-cluster`: replica id → address.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InitialCluster(pub BTreeMap<u64, String>);
+
+fn parse_job(s: &str) -> Result<(String, u32), String> {
+    let (name, count) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not of the form name=count"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("{s:?}: the job name is empty"));
+    }
+    let count: u32 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: task count {count:?} is not a number"))?;
+    if count == 0 {
+        return Err(format!("{s:?}: a job needs at least one task"));
+    }
+    Ok((name.to_string(), count))
+}
+
+/// The cluster configuration file's shape (every field optional).
+#[derive(serde::Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct ClusterFile {
+    jobs: BTreeMap<String, u32>,
+    heartbeat_timeout_ms: Option<u64>,
+    register_timeout_ms: Option<u64>,
+    shutdown_barrier_timeout_ms: Option<u64>,
+    recoverable_jobs: Vec<String>,
+}
+
+fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
+    let mut members = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not of the form id=host:port"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("replica id {id:?} in {part:?} is not a number"))?;
+        let addr = addr.trim();
+        if addr
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(format!("address {addr:?} of replica {id} is not host:port"));
+        }
+        if members.insert(id, addr.to_string()).is_some() {
+            return Err(format!("replica {id} appears twice"));
+        }
+    }
+    if members.is_empty() {
+        return Err("no replicas given".into());
+    }
+    Ok(InitialCluster(members))
+}
+
+impl Args {
+    /// Checks the combination of flags; the message says which flag to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.join && self.initial_cluster.0.contains_key(&self.id) {
+            return Err(format!(
+                "--join: replica {} is one of the ensemble's initial replicas; a joining replica needs an id of its own",
+                self.id
+            ));
+        }
+        if !self.join && !self.initial_cluster.0.contains_key(&self.id) {
+            return Err(format!(
+                "--id {} is not one of the replicas in --initial-cluster ({})",
+                self.id,
+                self.initial_cluster.ids()
+            ));
+        }
+        if self.election_timeout_min_ms >= self.election_timeout_max_ms {
+            return Err("--election-timeout-min-ms must be below --election-timeout-max-ms".into());
+        }
+        if self.heartbeat_ms * 2 > self.election_timeout_min_ms {
+            return Err("--heartbeat-ms must be at most half of --election-timeout-min-ms".into());
+        }
+        if self.max_inflight_proposals == 0 {
+            return Err("--max-inflight-proposals must be at least 1".into());
+        }
+        self.cluster().map(|_| ())
+    }
+
+    /// How long a leader trusts its last quorum acknowledgement: the longest election timeout,
+    /// after which a new leader may exist.
+    pub fn leader_lease(&self) -> Duration {
+        Duration::from_millis(self.election_timeout_max_ms)
+    }
+
+    /// The coordinated job, from --cluster-config or from the flags.
+    pub fn cluster(&self) -> Result<ClusterConfig, String> {
+        let mut config = ClusterConfig {
+            jobs: self.jobs.iter().cloned().collect(),
+            heartbeat_timeout_ms: self.heartbeat_timeout_ms,
+            register_timeout_ms: self.register_timeout_ms,
+            shutdown_barrier_timeout_ms: self.shutdown_barrier_timeout_ms,
+            recoverable_jobs: self.recoverable_jobs.iter().cloned().collect(),
+        };
+        if self.jobs.len() != config.jobs.len() {
+            return Err("a job is given twice with --job".into());
+        }
+        if let Some(path) = &self.cluster_config {
+            if !self.jobs.is_empty() || !self.recoverable_jobs.is_empty() {
+                return Err("give the jobs either with --job/--recoverable-job or in --cluster-config, not both".into());
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--cluster-config {}: {e}", path.display()))?;
+            let file: ClusterFile = serde_json::from_str(&text)
+                .map_err(|e| format!("--cluster-config {}: {e}", path.display()))?;
+            config.jobs = file.jobs;
+            config.recoverable_jobs = file.recoverable_jobs.into_iter().collect();
+            config.heartbeat_timeout_ms = file
+                .heartbeat_timeout_ms
+                .unwrap_or(config.heartbeat_timeout_ms);
+            config.register_timeout_ms = file
+                .register_timeout_ms
+                .unwrap_or(config.register_timeout_ms);
+            config.shutdown_barrier_timeout_ms = file
+                .shutdown_barrier_timeout_ms
+                .unwrap_or(config.shutdown_barrier_timeout_ms);
+        }
+        if let Some((job, _)) = config.jobs.iter().find(|(j, n)| j.is_empty() || **n == 0) {
+            return Err(format!("job {job:?} needs a name and at least one task"));
+        }
+        if let Some(r) = config
+            .recoverable_jobs
+            .iter()
+            .find(|r| !config.jobs.contains_key(*r))
+        {
+            return Err(format!("recoverable job {r:?} is not one of the jobs"));
+        }
+        if config.heartbeat_timeout_ms == 0 {
+            return Err("--heartbeat-timeout-ms must be positive".into());
+        }
+        Ok(config)
+    }
+
+    pub fn leader_wait(&self) -> Duration {
+        Duration::from_millis(self.leader_wait_ms)
+    }
+}
+
+impl InitialCluster {
+    fn ids(&self) -> String {
+        self.0
+            .keys()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A stable id for the ensemble, from its token and initial members (as etcd derives its
+    /// cluster id): two ensembles started alike but with different tokens never mix.
+    pub fn cluster_id(&self, token: &str) -> u64 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(token.as_bytes());
+        for (id, addr) in &self.0 {
+            h.update(&id.to_le_bytes());
+            h.update(addr.as_bytes());
+        }
+        let lo = u64::from(h.finalize());
+        let mut h2 = crc32fast::Hasher::new_with_initial(0x9e37_79b9);
+        h2.update(token.as_bytes());
+        h2.update(&lo.to_le_bytes());
+        (u64::from(h2.finalize()) << 32) | lo
+    }
+}
+
+impl std::fmt::Display for InitialCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(id, a)| format!("{id}={a}")).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_initial_cluster() {
+        let c = parse_initial_cluster("1=127.0.0.1:7101, 2=127.0.0.1:7102,3=h:1").expect("parse");
+        assert_eq!(c.0.len(), 3);
+        assert_eq!(c.0[&3], "h:1");
+        assert_eq!(c.to_string(), "1=127.0.0.1:7101,2=127.0.0.1:7102,3=h:1");
+    }
+
+    #[test]
+    fn rejects_bad_initial_cluster() {
+        for bad in [
+            "",
+            "1",
+            "x=h:1",
+            "1=h",
+            "1=h:notaport",
+            "1=h:1,1=h:2",
+            "1=:5",
+        ] {
+            assert!(parse_initial_cluster(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn parses_jobs() {
+        assert_eq!(parse_job("worker=4"), Ok(("worker".to_string(), 4)));
+        for bad in ["worker", "=3", "w=0", "w=x", "w=-1"] {
+            assert!(parse_job(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn cluster_id_depends_on_token_and_members() {
+        let a = parse_initial_cluster("1=h:1,2=h:2").expect("parse");
+        let b = parse_initial_cluster("1=h:1,2=h:3").expect("parse");
+        assert_eq!(a.cluster_id("t"), a.cluster_id("t"));
+        assert_ne!(a.cluster_id("t"), a.cluster_id("u"));
+        assert_ne!(a.cluster_id("t"), b.cluster_id("t"));
+    }
+}

@@ -1,0 +1,17 @@
+//! What an operator sets and reads.
+//!
+//! - [`config`]: flags and their validation; [`identity`]: the check that a data directory is this
+//!   replica's.
+//! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do.
+//! - [`limits`]: per-client admission; [`request_id`]: request ids in metadata.
+//! - [`status`]: a replica's view of the ensemble; [`metrics`]: RPC counts and latencies, and the
+//!   Prometheus text format (served by [`crate::api::http`]).
+
+pub mod authz;
+pub mod config;
+pub mod identity;
+pub mod limits;
+pub mod metrics;
+pub mod request_id;
+pub mod status;
+pub mod tls;

@@ -1,0 +1,166 @@
+//! Task heartbeats: leader memory, never written to the log.
+//!
+//! The leader remembers when it last heard from each task (a registration counts). A checker
+//! proposes the ERROR transition for every connected task silent for the heartbeat timeout; the
+//! transition itself is committed, so every replica agrees on it. A replica that becomes leader
+//! forgets what it knew and gives every task a full timeout of grace from that moment, since the
+//! old leader's memory is gone with it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use coord_raft_store::state::{TaskName, TaskState};
+use coord_raft_store::storage::StateReader;
+use coord_raft_store::{Command, Op};
+
+use crate::raft::leader::{LeaderWatch, Leadership};
+use crate::serve::proposer::Proposer;
+
+#[derive(Default)]
+pub struct Heartbeats {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Last heartbeat per task, with the incarnation it came from.
+    last: HashMap<TaskName, (u64, Instant)>,
+    /// When this replica's current leadership began (grace for every task).
+    since: Option<Instant>,
+    /// Timeouts proposed and not yet seen applied, so each is proposed once.
+    proposed: HashSet<(TaskName, u64)>,
+}
+
+impl Heartbeats {
+    pub fn record(&self, task: &TaskName, incarnation: u64) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.last.insert(task.clone(), (incarnation, Instant::now()));
+    }
+
+    /// How long ago the task was last heard from with `incarnation` (leader memory only).
+    pub fn age(&self, task: &TaskName, incarnation: u64) -> Option<Duration> {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        match g.last.get(task) {
+            Some((inc, at)) if *inc == incarnation => Some(at.elapsed()),
+            _ => None,
+        }
+    }
+
+    fn start_leading(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.last.clear();
+        g.proposed.clear();
+        g.since = Some(Instant::now());
+    }
+
+    /// Connected tasks silent past `timeout`, with their incarnation and silence.
+    fn overdue(
+        &self,
+        connected: &[(TaskName, u64)],
+        timeout: Duration,
+    ) -> Vec<(TaskName, u64, Duration)> {
+        let now = Instant::now();
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(since) = g.since else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (task, incarnation) in connected {
+            let heard = match g.last.get(task) {
+                Some((inc, at)) if inc == incarnation => (*at).max(since),
+                _ => since,
+            };
+            let silent = now.saturating_duration_since(heard);
+            if silent > timeout && g.proposed.insert((task.clone(), *incarnation)) {
+                out.push((task.clone(), *incarnation, silent));
+            }
+        }
+        // Forget proposals for tasks that are no longer connected with that incarnation.
+        let live: HashSet<&(TaskName, u64)> = connected.iter().collect();
+        g.proposed.retain(|p| live.contains(p));
+        out
+    }
+}
+
+/// While this replica leads, puts silent tasks in ERROR.
+pub async fn check(
+    heartbeats: Arc<Heartbeats>,
+    leader: LeaderWatch,
+    reader: StateReader,
+    proposer: Proposer,
+) {
+    let mut leading = false;
+    loop {
+        let (timeout_ms, connected) = reader.read(|a| match &a.state.cluster {
+            None => (0, Vec::new()),
+            Some(c) => (
+                c.config.heartbeat_timeout_ms,
+                c.tasks
+                    .iter()
+                    .filter(|(_, r)| r.state == TaskState::Connected)
+                    .map(|(t, r)| (t.clone(), r.incarnation))
+                    .collect(),
+            ),
+        });
+        // Look a few times per timeout, at least once a second.
+        let every = Duration::from_millis((timeout_ms / 4).clamp(20, 1000));
+        let now_leading = leader.current() == Leadership::Me;
+        if now_leading && !leading {
+            heartbeats.start_leading();
+        }
+        leading = now_leading;
+        if leading && timeout_ms > 0 {
+            for (task, incarnation, silent) in
+                heartbeats.overdue(&connected, Duration::from_millis(timeout_ms))
+            {
+                tracing::warn!(%task, silent_ms = silent.as_millis() as u64, "task missed its heartbeats; putting it in error");
+                let proposer = proposer.clone();
+                tokio::spawn(async move {
+                    let op = Op::HeartbeatTimeout {
+                        task,
+                        incarnation,
+                        silent_ms: u64::try_from(silent.as_millis()).unwrap_or(u64::MAX),
+                    };
+                    if let Err(e) = proposer.propose(Command { request: None, op }).await {
+                        tracing::warn!(error = %e, "could not commit a heartbeat timeout; the next leader will judge again");
+                    }
+                });
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_then_timeout_once_per_incarnation() {
+        let h = Heartbeats::default();
+        let t = TaskName::new("w", 0);
+        assert!(
+            h.overdue(&[(t.clone(), 1)], Duration::ZERO).is_empty(),
+            "not leading yet"
+        );
+        h.start_leading();
+        h.record(&t, 1);
+        assert!(h
+            .overdue(&[(t.clone(), 1)], Duration::from_secs(60))
+            .is_empty());
+        std::thread::sleep(Duration::from_millis(5));
+        let due = h.overdue(&[(t.clone(), 1)], Duration::from_millis(1));
+        assert_eq!(due.len(), 1);
+        assert!(
+            h.overdue(&[(t.clone(), 1)], Duration::from_millis(1))
+                .is_empty(),
+            "proposed once"
+        );
+        // A heartbeat from another incarnation does not count for this one.
+        h.record(&t, 2);
+        assert!(h
+            .overdue(&[(t.clone(), 2)], Duration::from_secs(60))
+            .is_empty());
+    }
+}

@@ -1,0 +1,23 @@
+//! What a call does on the leader, whichever surface it came through.
+//!
+//! - [`route`]: runs every call on the leader: locally, or forwarded from a follower, and driven
+//!   again, with the same request id, when leadership moves.
+//! - [`kv`], [`coordination`], [`dispatcher`]: the semantics, written once for every surface.
+//! - [`proposer`]: writes batched into Raft entries; [`read_index`]: linearizable reads, batched.
+//! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
+//!   key changes in the [`watch_hub`].
+//! - Leader duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`] (silent
+//!   tasks go to ERROR), [`barrier_timer`] (barrier deadlines).
+
+pub mod apply_hub;
+pub mod barrier_timer;
+pub mod cluster_init;
+pub mod coordination;
+pub mod dispatcher;
+pub mod heartbeats;
+pub mod kv;
+pub mod parked;
+pub mod proposer;
+pub mod read_index;
+pub mod route;
+pub mod watch_hub;
