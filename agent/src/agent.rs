@@ -1,14 +1,16 @@
 //! The coordination agent: what a training task uses to take part in the job (TensorFlow's
 //! `CoordinationServiceAgent`), over a whole coord ensemble.
 //!
-//! State machine (as TensorFlow's):
+//! State machine (as TensorFlow's, but for UNINITIALIZED: an [`Agent`] value is initialized by
+//! its construction, which takes TensorFlow's `Initialize` arguments, so there is no agent to ask
+//! whether it is initialized before it is):
 //!
 //! ```text
-//!                 new          connect          error
-//!  UNINITIALIZED ----> DISCONNECTED ----> RUNNING ----> ERROR
-//!                          ^                              |
-//!                          |______________________________|
-//!                                       reset
+//!      new          connect          error
+//!  ----> DISCONNECTED ----> RUNNING ----> ERROR
+//!            ^                              |
+//!            |______________________________|
+//!                         reset
 //! ```
 //!
 //! While RUNNING, two loops run: heartbeats (every `heartbeat_interval`; nothing acknowledged for
@@ -68,7 +70,6 @@ impl AgentConfig {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentState {
-    Uninitialized,
     Disconnected,
     Running,
     Error,
@@ -147,6 +148,7 @@ impl Agent {
         let task = tf::CoordinatedTask {
             job_name: config.job.clone(),
             task_id: config.task_id,
+            recoverable: false,
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -177,10 +179,6 @@ impl Agent {
 
     pub fn state(&self) -> AgentState {
         self.shared().state
-    }
-
-    pub fn is_initialized(&self) -> bool {
-        self.state() != AgentState::Uninitialized
     }
 
     /// The error that put the agent in ERROR.
@@ -280,6 +278,7 @@ impl Agent {
         let t = tf::CoordinatedTask {
             job_name: job.to_string(),
             task_id,
+            recoverable: false,
         };
         let resp = self.inner.client.task_states(&[t]).await?;
         let info = resp

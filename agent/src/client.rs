@@ -9,30 +9,31 @@
 //! replica behind a one-way partition accepts calls it cannot complete). The caller sees
 //! `UNAVAILABLE` only when no replica could serve the call for
 //! [`ClientOptions::unavailable_after`].
+//!
+//! This module keeps that failover (the client, its options, and the one loop every call goes
+//! through); the calls themselves sit in submodules, one per service:
+//!
+//! - `kv`: the key-value store (TensorFlow's key-value calls, increment, watch).
+//! - `tasks`: the coordination service (task lifecycle, barriers, errors, task states).
+//! - `admin`: the ensemble's administration (status, membership, snapshots, service shutdown).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use coord_proto::coord::coordination::coordination_client::CoordinationClient;
-use coord_proto::coord::coordination::{
-    GetTaskStateRequest, GetTaskStateResponse, PollForErrorRequest, PollForErrorResponse,
-};
-use coord_proto::coord::kv::key_value_client::KeyValueClient;
-use coord_proto::coord::kv::{IncrementRequest, WatchRequest, WatchResponse};
 use coord_proto::metadata::{RequestSession, Ticket, LEADER_ADDR};
-use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tokio::time::Instant;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 /// A connection to one replica: writes coalesced, and a request's end sent with its message
 /// (see `coord_proto::conn`).
 pub(crate) type Channel = coord_proto::conn::EagerEnd<tonic::transport::Channel>;
 
 mod admin;
+mod kv;
+mod tasks;
 
 /// Largest message the client sends or accepts (a value near the server's 4 MiB default limit
 /// plus its key).
@@ -150,124 +151,6 @@ impl CoordClient {
         self.inner.endpoints.iter().position(|e| e == addr)
     }
 
-    /// Inserts `key`; with `overwrite` false an existing key is ALREADY_EXISTS.
-    pub async fn insert(
-        &self,
-        key: &str,
-        value: impl Into<Bytes>,
-        overwrite: bool,
-    ) -> Result<(), Status> {
-        let req = tf::InsertKeyValueRequest {
-            kv: Some(tf::KeyValueEntry {
-                key: key.to_string(),
-                value: value.into(),
-            }),
-            allow_overwrite: overwrite,
-        };
-        let ticket = self.inner.session.begin();
-        self.call(req, Some(&ticket), |ch, r| async move {
-            tf_client(ch).insert_key_value(r).await
-        })
-        .await
-        .map(|_| ())
-    }
-
-    /// The value of `key`, waiting until some task inserts it.
-    pub async fn get(&self, key: &str) -> Result<Bytes, Status> {
-        let req = tf::GetKeyValueRequest {
-            key: key.to_string(),
-        };
-        let resp = self
-            .call_parked(req, None, |ch, r| async move {
-                tf_client(ch).get_key_value(r).await
-            })
-            .await?;
-        Ok(resp.kv.map(|e| e.value).unwrap_or_default())
-    }
-
-    /// The value of `key`, or `None` if it does not exist.
-    pub async fn try_get(&self, key: &str) -> Result<Option<Bytes>, Status> {
-        let req = tf::TryGetKeyValueRequest {
-            key: key.to_string(),
-        };
-        match self
-            .call(req, None, |ch, r| async move {
-                tf_client(ch).try_get_key_value(r).await
-            })
-            .await
-        {
-            Ok(resp) => Ok(Some(resp.kv.map(|e| e.value).unwrap_or_default())),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(s),
-        }
-    }
-
-    /// Every entry under directory `dir`, sorted by key.
-    pub async fn get_dir(&self, dir: &str) -> Result<Vec<(String, Bytes)>, Status> {
-        let req = tf::GetKeyValueDirRequest {
-            directory_key: dir.to_string(),
-        };
-        let resp = self
-            .call(req, None, |ch, r| async move {
-                tf_client(ch).get_key_value_dir(r).await
-            })
-            .await?;
-        Ok(resp.kv.into_iter().map(|e| (e.key, e.value)).collect())
-    }
-
-    /// Deletes `key` and everything under `key/`.
-    pub async fn delete(&self, key: &str) -> Result<(), Status> {
-        let req = tf::DeleteKeyValueRequest {
-            key: key.to_string(),
-            is_directory: true,
-        };
-        let ticket = self.inner.session.begin();
-        self.call(req, Some(&ticket), |ch, r| async move {
-            tf_client(ch).delete_key_value(r).await
-        })
-        .await
-        .map(|_| ())
-    }
-
-    /// Adds `delta` to the decimal integer at `key` (0 if missing); returns the new value.
-    pub async fn increment(&self, key: &str, delta: i64) -> Result<i64, Status> {
-        let req = IncrementRequest {
-            key: key.to_string(),
-            delta,
-        };
-        let resp = self
-            .mutate(req, |ch, r| async move {
-                KeyValueClient::new(ch).increment(r).await
-            })
-            .await?;
-        std::str::from_utf8(&resp.value)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| {
-                Status::internal(format!(
-                    "increment of {key:?} returned a non-number {:?}",
-                    resp.value
-                ))
-            })
-    }
-
-    /// Opens a watch of `key` (and everything under `key/`) on the leader, from `start_revision`
-    /// (0 = from now).
-    pub async fn open_watch(
-        &self,
-        key: &str,
-        start_revision: u64,
-    ) -> Result<tonic::Streaming<WatchResponse>, Status> {
-        let req = WatchRequest {
-            key: key.to_string(),
-            start_revision,
-        };
-        self.call(req, None, |ch, r| async move {
-            KeyValueClient::new(ch).watch(r).await
-        })
-        .await
-    }
-
     /// A mutation of the coordination service, sent with a fresh request id.
     async fn mutate<Req, Resp, F, Fut>(&self, req: Req, f: F) -> Result<Resp, Status>
     where
@@ -288,173 +171,6 @@ impl CoordClient {
     {
         let ticket = self.inner.session.begin();
         self.call_parked(req, Some(&ticket), f).await
-    }
-
-    /// Registers `task`; returns the service incarnation.
-    pub async fn register_task(
-        &self,
-        task: &tf::CoordinatedTask,
-        incarnation: u64,
-    ) -> Result<u64, Status> {
-        let req = tf::RegisterTaskRequest {
-            incarnation,
-            source_task: Some(task.clone()),
-        };
-        let resp = self
-            .mutate(
-                req,
-                |ch, r| async move { tf_client(ch).register_task(r).await },
-            )
-            .await?;
-        Ok(resp.leader_incarnation)
-    }
-
-    /// One heartbeat; returns the service incarnation.
-    pub async fn heartbeat(
-        &self,
-        task: &tf::CoordinatedTask,
-        incarnation: u64,
-    ) -> Result<u64, Status> {
-        let req = tf::HeartbeatRequest {
-            incarnation,
-            source_task: Some(task.clone()),
-        };
-        let resp = self
-            .call(req, None, |ch, r| async move {
-                tf_client(ch).heartbeat(r).await
-            })
-            .await?;
-        Ok(resp.leader_incarnation)
-    }
-
-    /// Waits until every task has called this; returns the cluster's devices.
-    pub async fn wait_for_all_tasks(
-        &self,
-        task: &tf::CoordinatedTask,
-        devices: Option<tf::CoordinationServiceDeviceInfo>,
-    ) -> Result<tf::WaitForAllTasksResponse, Status> {
-        let req = tf::WaitForAllTasksRequest {
-            local_device_info: devices,
-            source_task: Some(task.clone()),
-        };
-        self.mutate_parked(req, |ch, r| async move {
-            tf_client(ch).wait_for_all_tasks(r).await
-        })
-        .await
-    }
-
-    /// Waits at barrier `id` (instance `counter`); `tasks` empty = every task. Returns the
-    /// instance's counter.
-    pub async fn barrier(
-        &self,
-        id: &str,
-        counter: i64,
-        timeout: Duration,
-        tasks: &[tf::CoordinatedTask],
-        source: &tf::CoordinatedTask,
-    ) -> Result<i64, Status> {
-        let req = tf::BarrierRequest {
-            barrier_id: id.to_string(),
-            barrier_timeout_in_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
-            tasks: tasks.to_vec(),
-            source_task: Some(source.clone()),
-            counter,
-        };
-        let resp = self
-            .mutate_parked(req, |ch, r| async move { tf_client(ch).barrier(r).await })
-            .await?;
-        Ok(resp.counter)
-    }
-
-    pub async fn cancel_barrier(
-        &self,
-        id: &str,
-        counter: i64,
-        source: &tf::CoordinatedTask,
-    ) -> Result<(), Status> {
-        let req = tf::CancelBarrierRequest {
-            barrier_id: id.to_string(),
-            source_task: Some(source.clone()),
-            counter,
-        };
-        self.mutate(
-            req,
-            |ch, r| async move { tf_client(ch).cancel_barrier(r).await },
-        )
-        .await
-        .map(|_| ())
-    }
-
-    pub async fn report_error(
-        &self,
-        task: &tf::CoordinatedTask,
-        code: i32,
-        message: &str,
-    ) -> Result<(), Status> {
-        let req = tf::ReportErrorToServiceRequest {
-            error_code: code,
-            error_message: message.to_string(),
-            error_origin: Some(task.clone()),
-        };
-        self.mutate(req, |ch, r| async move {
-            tf_client(ch).report_error_to_service(r).await
-        })
-        .await
-        .map(|_| ())
-    }
-
-    pub async fn reset_task(&self, task: &tf::CoordinatedTask) -> Result<(), Status> {
-        let req = tf::ResetTaskRequest {
-            source_task: Some(task.clone()),
-        };
-        self.mutate(
-            req,
-            |ch, r| async move { tf_client(ch).reset_task(r).await },
-        )
-        .await
-        .map(|_| ())
-    }
-
-    pub async fn shutdown_task(&self, task: &tf::CoordinatedTask) -> Result<(), Status> {
-        let req = tf::ShutdownTaskRequest {
-            source_task: Some(task.clone()),
-        };
-        self.mutate_parked(
-            req,
-            |ch, r| async move { tf_client(ch).shutdown_task(r).await },
-        )
-        .await
-        .map(|_| ())
-    }
-
-    /// Waits for the first error after `after_seq` that `task` must learn of.
-    pub async fn poll_for_error(
-        &self,
-        task: &tf::CoordinatedTask,
-        after_seq: u64,
-    ) -> Result<PollForErrorResponse, Status> {
-        let req = PollForErrorRequest {
-            task: Some(task.clone()),
-            after_seq,
-        };
-        self.call_parked(req, None, |ch, r| async move {
-            CoordinationClient::new(ch).poll_for_error(r).await
-        })
-        .await
-    }
-
-    /// The states of `tasks` (every task if empty).
-    pub async fn task_states(
-        &self,
-        tasks: &[tf::CoordinatedTask],
-    ) -> Result<GetTaskStateResponse, Status> {
-        let req = GetTaskStateRequest {
-            tasks: tasks.to_vec(),
-        };
-        self.call(req, None, |ch, r| async move {
-            CoordinationClient::new(ch).get_task_state(r).await
-        })
-        .await
     }
 
     /// Sends a call of any coord service with this client's failover. A `mutation` gets a request

@@ -7,8 +7,8 @@
 //!   preemption of a job whose service outlives its tasks.
 //! - [`watch`]: key watches that resume across leader changes without losing or repeating a
 //!   change.
-//! - [`xla_proxy`]: coord-proxy's service, which lets unmodified jaxlib clients use the ensemble
-//!   and survive its failovers.
+//! - [`proxy`]: coord-proxy's services, which let unmodified TensorFlow and jaxlib clients use
+//!   the ensemble and survive its failovers.
 //! - [`rendezvous`]: TensorFlow's `RendezvousMgr` over direct worker links, with peer
 //!   heartbeats on the same links.
 //! - [`data`]: the tf.data data plane: the data worker and the consumer of the dispatcher's jobs.
@@ -22,10 +22,10 @@ pub mod blocking;
 pub mod client;
 pub mod data;
 pub mod preemption;
+pub mod proxy;
 pub mod rendezvous;
 pub mod tls;
 pub mod watch;
-pub mod xla_proxy;
 
 pub use agent::{Agent, AgentConfig, AgentState, TaskStatus};
 pub use blocking::BlockingAgent;

@@ -152,6 +152,11 @@ pub enum Op {
     },
     /// A tf.data dispatcher update (one journal entry of TF's dispatcher).
     Dispatch(DispatchOp),
+    /// An operator ends the job's current run (see `state::runs`). Appended last, as every new
+    /// op must be: entries are encoded by variant index.
+    EndRun {
+        reason: String,
+    },
 }
 
 impl fmt::Display for Op {
@@ -195,6 +200,7 @@ impl fmt::Display for Op {
                 write!(f, "get_alive_tasks({source}, {} tasks)", tasks.len())
             }
             Op::Dispatch(op) => write!(f, "dispatcher.{op}"),
+            Op::EndRun { reason } => write!(f, "end_run({reason:?})"),
         }
     }
 }

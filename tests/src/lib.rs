@@ -13,12 +13,13 @@
 //!   ensembles.
 //! - [`data`]: `data-worker` processes and job consumers for the dispatcher's tests.
 //! - [`jax`]: the real jaxlib client in a venv, its test scripts, and coord-proxy sidecars.
+//! - [`tf`]: unmodified TensorFlow MultiWorkerMirroredStrategy workers pointed at the ensemble.
 //! - [`link`]: `link-worker` processes for the rendezvous tests and benchmark.
 //! - [`certs`]: the TLS tests' test CA and replica certificates (`TestPki`), made with
 //!   `coord-tools`' CA.
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics` (`coord-tools`').
-//! - [`bench`]: coord-bench's load generators, failover measurement, and its targets (coord and
-//!   etcd 3.4).
+//! - [`bench`]: coord-bench's load generators, failover measurement, its targets (coord and
+//!   etcd 3.4), and each subcommand's runner (the binary is only the command line).
 
 pub mod bench;
 pub mod certs;
@@ -30,6 +31,7 @@ pub mod coord_suite;
 pub mod data;
 pub mod jax;
 pub mod link;
+pub mod tf;
 pub mod tfdata;
 pub mod venv;
 

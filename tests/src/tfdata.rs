@@ -32,6 +32,19 @@ pub const TF_VERSION: &str = "2.21.0";
 /// Lines of the script's stderr kept for an error message.
 const STDERR_TAIL: usize = 25;
 
+/// The Python of the venv with `tensorflow-cpu` [`TF_VERSION`], made if needed; `Err` says why it
+/// cannot be had here.
+pub fn tf_python() -> Result<PathBuf, String> {
+    VenvSpec {
+        dir_name: &format!("tf-venv-{TF_VERSION}"),
+        requirements: &[format!("tensorflow-cpu=={TF_VERSION}")],
+        describe: &format!("tensorflow-cpu {TF_VERSION}"),
+        short: &format!("tensorflow-cpu {TF_VERSION}"),
+        marker: TF_VERSION,
+    }
+    .python()
+}
+
 pub struct TfPeer {
     python: PathBuf,
 }
@@ -67,15 +80,9 @@ impl TfPeer {
     /// The venv, made if needed; `Err` says why it cannot be had here (no python3.11, PyPI
     /// unreachable...).
     pub fn get() -> Result<TfPeer, String> {
-        let python = VenvSpec {
-            dir_name: &format!("tf-venv-{TF_VERSION}"),
-            requirements: &[format!("tensorflow-cpu=={TF_VERSION}")],
-            describe: &format!("tensorflow-cpu {TF_VERSION}"),
-            short: &format!("tensorflow-cpu {TF_VERSION}"),
-            marker: TF_VERSION,
-        }
-        .python()?;
-        Ok(TfPeer { python })
+        Ok(TfPeer {
+            python: tf_python()?,
+        })
     }
 
     /// `tests/tfdata/tf_peer.py`.

@@ -20,6 +20,7 @@ fn worker(i: i32) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: "worker".into(),
         task_id: i,
+        recoverable: false,
     }
 }
 
@@ -216,4 +217,62 @@ async fn coordctl_kv_watch_and_exit_codes() {
     let nowhere = format!("127.0.0.1:{}", free_ports(1)[0]);
     let unreachable = coordctl(&[nowhere], &["--timeout-secs", "1", "kv", "try-get", "x"]);
     assert_eq!(unreachable.status.code(), Some(4));
+}
+
+/// `coordctl run end` ends the job's run by hand: a task parked at a barrier is told, the run's
+/// key goes, the task is disconnected and registers into the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordctl_ends_a_run() {
+    let mut cluster = Cluster::start(ClusterOptions {
+        extra_args: ["--job", "worker=2", "--heartbeat-timeout-ms", "60000"]
+            .map(String::from)
+            .into(),
+        ..ClusterOptions::default()
+    });
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let eps = cluster.endpoints();
+    let client = CoordClient::new(ClientOptions::new(eps.clone())).expect("client");
+    client.register_task(&worker(0), 7).await.expect("register");
+    client
+        .insert("run/key", "v", false)
+        .await
+        .expect("a key of the run");
+    let waiting = {
+        let c = client.clone();
+        tokio::spawn(async move {
+            c.barrier("sync", 0, Duration::from_secs(600), &[], &worker(0))
+                .await
+        })
+    };
+    // Parked before the run ends (the barrier waits for task 1, which never comes).
+    let parked = |c: &mut Cluster| {
+        c.ids()
+            .into_iter()
+            .any(|id| c.metric(id, "coord_parked_calls") >= 1.0)
+    };
+    cluster
+        .wait_until(Duration::from_secs(30), "the barrier call to park", parked)
+        .await;
+    let ended = json(&eps, &["run", "end", "--reason", "test"]);
+    assert_eq!(ended[0]["run_begun"], 2, "{ended}");
+    let told = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the parked barrier call is answered")
+        .expect("join");
+    assert_eq!(
+        told.expect_err("its run ended").code(),
+        tonic::Code::Aborted
+    );
+    assert!(client.try_get("run/key").await.expect("read").is_none());
+    let tasks = json(&eps, &["tasks"]);
+    assert!(
+        tasks
+            .as_array()
+            .is_some_and(|t| t.iter().all(|r| r["state"] == "DISCONNECTED")),
+        "{tasks}"
+    );
+    client
+        .register_task(&worker(0), 7)
+        .await
+        .expect("registers into the next run");
 }

@@ -154,6 +154,7 @@ async fn a_silent_peer_is_declared_dead_and_reported_to_the_service() {
     let task = tf::CoordinatedTask {
         job_name: "worker".into(),
         task_id: 1,
+        recoverable: false,
     };
     let deadline = std::time::Instant::now() + TIMEOUT;
     loop {

@@ -44,6 +44,7 @@ fn worker(i: i32) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: "worker".into(),
         task_id: i,
+        recoverable: false,
     }
 }
 

@@ -39,6 +39,7 @@ fn task(job: &str, id: i32) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: job.into(),
         task_id: id,
+        recoverable: false,
     }
 }
 

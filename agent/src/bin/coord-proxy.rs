@@ -1,20 +1,23 @@
-//! `coord-proxy`: the per-host sidecar that lets unmodified JAX processes use a coord ensemble.
+//! `coord-proxy`: the per-host sidecar that lets unmodified TensorFlow and JAX processes use a
+//! coord ensemble.
 //!
 //! ```text
 //! coord-proxy --listen 127.0.0.1:7200 --coordinators 10.0.0.1:7101,10.0.0.2:7101,10.0.0.3:7101
 //! ```
 //!
-//! JAX connects to `--listen` as if it were its coordination service (see the README's "Point JAX at it"
-//! section); the proxy follows the ensemble's leader and re-drives calls across failovers, so a
-//! replica's death never reaches jaxlib (see `coord_agent::xla_proxy`).
+//! TensorFlow (`TF_CONFIG`'s `ps:0`) and JAX connect to `--listen` as if it were their coordination
+//! service (see the README's "Point TensorFlow at it" and "Point JAX at it"); the proxy serves both
+//! services there, follows the ensemble's leader and re-drives calls across failovers, so a
+//! replica's death never reaches them (see `coord_agent::proxy`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use coord_agent::xla_proxy::XlaProxy;
+use coord_agent::proxy::{tf::TfProxy, xla::XlaProxy};
 use coord_agent::CoordClient;
+use coord_proto::tensorflow::coordination_service_server::CoordinationServiceServer as TfServer;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationServiceServer;
 use tonic::codec::CompressionEncoding;
 
@@ -22,10 +25,10 @@ use tonic::codec::CompressionEncoding;
 #[command(
     name = "coord-proxy",
     version,
-    about = "Sidecar between jaxlib and a coord ensemble"
+    about = "Sidecar between TensorFlow or jaxlib and a coord ensemble"
 )]
 struct Cli {
-    /// Where jaxlib connects (keep it on localhost).
+    /// Where TensorFlow or jaxlib connects (keep it on localhost).
     #[arg(long, default_value = "127.0.0.1:7200")]
     listen: SocketAddr,
     /// gRPC addresses of the ensemble's replicas, comma separated.
@@ -80,12 +83,16 @@ async fn run(cli: Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let service = CoordinationServiceServer::new(XlaProxy::new(client))
+    let service = CoordinationServiceServer::new(XlaProxy::new(client.clone()))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+        .accept_compressed(CompressionEncoding::Gzip);
+    let tf = TfServer::new(TfProxy::new(client))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
     eprintln!(
-        "coord-proxy: serving xla.coordination.CoordinationService on {} for {}",
+        "coord-proxy: serving tensorflow.CoordinationService and xla.coordination.CoordinationService on {} for {}",
         cli.listen,
         cli.coordinators.join(",")
     );
@@ -95,6 +102,7 @@ async fn run(cli: Cli) -> ExitCode {
     };
     match tonic::transport::Server::builder()
         .add_service(service)
+        .add_service(tf)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
     {

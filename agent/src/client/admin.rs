@@ -101,6 +101,20 @@ impl CoordClient {
         any.ok_or_else(|| Status::unavailable("no replica answered"))
     }
 
+    /// Ends the coordinated job's current run (every task disconnected, its barriers and the keys
+    /// it wrote gone); returns the run that began.
+    pub async fn end_run(&self, reason: &str) -> Result<u64, Status> {
+        let req = coord_proto::coord::admin::EndRunRequest {
+            reason: reason.to_string(),
+        };
+        self.mutate(
+            req,
+            |ch, r| async move { AdminClient::new(ch).end_run(r).await },
+        )
+        .await
+        .map(|r| r.run)
+    }
+
     /// Ends the coordination service for the job: pending barriers fail ABORTED.
     pub async fn shutdown_service(&self, reason: &str) -> Result<(), Status> {
         let req = ShutdownServiceRequest {

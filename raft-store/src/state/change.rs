@@ -41,4 +41,8 @@ pub enum Change {
     },
     /// The cluster was set up.
     ClusterInitialized,
+    /// A new run of the job began (see `runs`): the previous run's barriers and rounds are gone.
+    RunStarted {
+        number: u64,
+    },
 }

@@ -98,6 +98,22 @@ impl KvStore {
         Ok(Output::Deleted(doomed.len() as u64))
     }
 
+    /// Deletes every key last written at a revision in `(after, until]`: a run's keys (see
+    /// `runs`).
+    pub(crate) fn remove_modified_in(&mut self, after: u64, until: u64, changes: &mut Vec<Change>) {
+        let doomed: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.mod_revision > after && e.mod_revision <= until)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            self.entries.remove(&k);
+            let revision = self.next_revision();
+            changes.push(Change::KvDelete { key: k, revision });
+        }
+    }
+
     pub(crate) fn increment(
         &mut self,
         key: &str,

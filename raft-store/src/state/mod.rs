@@ -18,6 +18,7 @@
 //! - `kv`: the replicated key-value store.
 //! - `sessions`: the results kept so a retried request applies once.
 //! - `coordination`: the coordination service's transitions over the records.
+//! - `runs`: job runs: a job started again gets a clean run.
 //! - this module: [`CoordState`] and `apply`, which routes each command.
 
 pub(crate) mod alive;
@@ -30,6 +31,7 @@ mod coordination_tests;
 #[cfg(test)]
 mod fuzz_tests;
 mod kv;
+mod runs;
 mod sessions;
 pub(crate) mod tasks;
 
@@ -44,6 +46,7 @@ pub use coordination::{
     WAIT_FOR_ALL_TASKS_BARRIER,
 };
 pub use kv::{KvEntry, KvStore};
+pub use runs::JobRuns;
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
 pub use tasks::{
     DeviceInfo, ErrorEvent, ErrorFeed, TaskError, TaskRecord, TaskRegistry, TaskState,
@@ -65,6 +68,8 @@ pub struct CoordState {
     pub cluster: Option<Cluster>,
     /// The tf.data dispatcher.
     pub dispatcher: DispatcherState,
+    /// Which run of the job this is (last: snapshots of the first format lack it).
+    pub runs: JobRuns,
 }
 
 impl CoordState {
@@ -112,20 +117,21 @@ impl CoordState {
             }
             // The one place a dispatcher result becomes a command's result.
             Op::Dispatch(op) => self.dispatcher.apply(op, now_ms).map(Output::Dispatch),
-            op => match self.cluster.as_mut() {
-                None => Err(OpError::NoCluster),
-                Some(c) => {
-                    let before = changes.len();
-                    let result = apply_coordination(c, op, now_ms, changes);
-                    if changes[before..]
-                        .iter()
-                        .any(|ch| matches!(ch, Change::TaskChanged { .. }))
-                    {
-                        c.tasks_changed(changes);
-                    }
-                    result
+            Op::EndRun { .. } if self.cluster.is_none() => Err(OpError::NoCluster),
+            Op::EndRun { .. } => {
+                self.end_run(changes);
+                Ok(Output::Done)
+            }
+            op => {
+                if let Op::RegisterTask { task, incarnation }
+                | Op::RegisterAtBarrier {
+                    task, incarnation, ..
+                } = op
+                {
+                    self.before_registration(task, *incarnation, changes);
                 }
-            },
+                self.apply_to_cluster(op, now_ms, changes)
+            }
         };
         // "Not set up yet" is a refusal to try again later, not an outcome: remembering it would
         // answer the retry with the same refusal forever.
@@ -137,6 +143,29 @@ impl CoordState {
             self.sessions.record(req, &result);
         }
         result
+    }
+
+    fn apply_to_cluster(
+        &mut self,
+        op: &Op,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        match self.cluster.as_mut() {
+            None => Err(OpError::NoCluster),
+            Some(c) => {
+                let before = changes.len();
+                let result = apply_coordination(c, op, now_ms, changes);
+                if changes[before..]
+                    .iter()
+                    .any(|ch| matches!(ch, Change::TaskChanged { .. }))
+                {
+                    c.tasks_changed(changes);
+                    self.after_task_changes();
+                }
+                result
+            }
+        }
     }
 }
 
@@ -186,6 +215,7 @@ fn apply_coordination(
         | Op::KvDelete { .. }
         | Op::KvIncrement { .. }
         | Op::InitCluster { .. }
+        | Op::EndRun { .. }
         | Op::Dispatch(_) => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),

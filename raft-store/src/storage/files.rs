@@ -21,6 +21,12 @@ pub fn frame(magic: &[u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The format version a framed file says it has (`None`: too short to say).
+pub fn version_of(bytes: &[u8]) -> Option<u32> {
+    let v = bytes.get(8..12)?;
+    Some(u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+}
+
 /// Checks the header and returns the body, or says what is wrong with it.
 pub fn unframe<'a>(magic: &[u8; 8], version: u32, bytes: &'a [u8]) -> Result<&'a [u8], String> {
     if bytes.len() < HEADER_LEN {

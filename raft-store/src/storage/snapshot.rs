@@ -6,7 +6,8 @@
 //! to a follower, so the follower checks the same checksum before it installs anything.
 //!
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
-//! [`SnapshotBody`].
+//! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state; a version-1 snapshot
+//! (written before runs existed) still reads, as run 0.
 
 use std::fs;
 use std::io;
@@ -21,7 +22,7 @@ use crate::types::SnapshotMeta;
 use super::files;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 const FILE_NAME: &str = "snapshot.bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +58,50 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
         origin: origin.to_string(),
         reason,
     };
+    if files::version_of(bytes) == Some(1) {
+        let body = files::unframe(MAGIC, 1, bytes).map_err(corrupt)?;
+        let v1: SnapshotBodyV1 =
+            codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+        return Ok(v1.into());
+    }
     let body = files::unframe(MAGIC, FORMAT_VERSION, bytes).map_err(corrupt)?;
     codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))
+}
+
+/// A snapshot of format 1: the state without its runs.
+#[derive(Deserialize)]
+struct SnapshotBodyV1 {
+    meta: SnapshotMeta,
+    state: StateV1,
+}
+
+#[derive(Deserialize)]
+struct StateV1 {
+    kv: crate::state::KvStore,
+    sessions: crate::state::SessionTable,
+    cluster: Option<crate::state::Cluster>,
+    dispatcher: crate::dispatcher::DispatcherState,
+}
+
+impl From<SnapshotBodyV1> for SnapshotBody {
+    fn from(v1: SnapshotBodyV1) -> Self {
+        let StateV1 {
+            kv,
+            sessions,
+            cluster,
+            dispatcher,
+        } = v1.state;
+        SnapshotBody {
+            meta: v1.meta,
+            state: CoordState {
+                kv,
+                sessions,
+                cluster,
+                dispatcher,
+                runs: Default::default(),
+            },
+        }
+    }
 }
 
 /// The directory holding the current snapshot file.
@@ -118,6 +161,46 @@ mod tests {
             },
             state: CoordState::default(),
         }
+    }
+
+    /// A snapshot written before runs existed (format 1) still reads, with its state intact.
+    #[test]
+    fn a_format_1_snapshot_reads_as_run_0() {
+        #[derive(Serialize)]
+        struct V1<'a> {
+            meta: &'a SnapshotMeta,
+            kv: &'a crate::state::KvStore,
+            sessions: &'a crate::state::SessionTable,
+            cluster: &'a Option<crate::state::Cluster>,
+            dispatcher: &'a crate::dispatcher::DispatcherState,
+        }
+        let mut b = body();
+        let mut changes = Vec::new();
+        let put = crate::command::Command {
+            request: None,
+            op: crate::command::Op::KvPut {
+                key: "k".into(),
+                value: bytes::Bytes::from("v"),
+                overwrite: false,
+            },
+        };
+        b.state
+            .apply(&crate::command::Proposal::new(1, vec![put]), &mut changes);
+        let s = &b.state;
+        let v1 = codec::encode(
+            "snapshot",
+            &V1 {
+                meta: &b.meta,
+                kv: &s.kv,
+                sessions: &s.sessions,
+                cluster: &s.cluster,
+                dispatcher: &s.dispatcher,
+            },
+        )
+        .expect("encode");
+        let read = decode(&files::frame(MAGIC, 1, &v1), "v1").expect("a format-1 snapshot reads");
+        assert_eq!(read.state, b.state);
+        assert_eq!(read.state.runs.number, 0);
     }
 
     #[test]

@@ -229,4 +229,24 @@ impl pb::admin_server::Admin for AdminService {
             )
             .await
     }
+
+    async fn end_run(
+        &self,
+        req: tonic::Request<pb::EndRunRequest>,
+    ) -> Result<tonic::Response<pb::EndRunReply>, tonic::Status> {
+        self.not_a_task(&req, "EndRun")?;
+        let core = &*self.core;
+        self.router
+            .route(
+                "EndRun",
+                crate::serve::route::Kind::Write,
+                req,
+                |m, id| async move {
+                    let run = core.end_run(id, m.reason).await?;
+                    Ok(pb::EndRunReply { run })
+                },
+                |ch, r| async move { pb::admin_client::AdminClient::new(ch).end_run(r).await },
+            )
+            .await
+    }
 }

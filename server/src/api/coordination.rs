@@ -35,12 +35,16 @@ impl Coordination for CoordService {
         &self,
         req: Request<pb::PollForErrorRequest>,
     ) -> Result<Response<pb::PollForErrorResponse>, Status> {
-        self.router
-            .check_task(&req, "PollForError", "task", req.get_ref().task.as_ref())?;
+        self.router.check_task(
+            &req,
+            "coordination/PollForError",
+            "task",
+            req.get_ref().task.as_ref(),
+        )?;
         let core = &*self.core;
         self.router
             .route(
-                "PollForError",
+                "coordination/PollForError",
                 Kind::Read,
                 req,
                 |m, _| async move {
@@ -68,7 +72,7 @@ impl Coordination for CoordService {
         let core = &*self.core;
         self.router
             .route(
-                "GetTaskState",
+                "coordination/GetTaskState",
                 Kind::Read,
                 req,
                 |m, _| async move {

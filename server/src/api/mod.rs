@@ -11,6 +11,7 @@
 //! - [`http`]: the HTTP port: health, readiness, status, metrics and the status page.
 //! - [`wire`]: conversions between TensorFlow's wire types and the state machine's.
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
+//! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
 
 pub mod admin;
 pub mod coordination;
@@ -18,6 +19,7 @@ pub mod dispatcher;
 pub mod http;
 pub mod kv;
 pub mod oversized;
+pub mod payloads;
 pub mod tf;
 pub mod wire;
 pub mod xla;

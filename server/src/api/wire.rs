@@ -26,6 +26,7 @@ pub fn task_to(t: &TaskName) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: t.job.clone(),
         task_id: i32::try_from(t.task).unwrap_or(i32::MAX),
+        recoverable: false,
     }
 }
 
@@ -98,6 +99,7 @@ mod tests {
         let ok = tf::CoordinatedTask {
             job_name: "w".into(),
             task_id: 3,
+            recoverable: false,
         };
         assert_eq!(
             task_from(Some(&ok), "source_task").ok(),
@@ -106,6 +108,7 @@ mod tests {
         let neg = tf::CoordinatedTask {
             job_name: "w".into(),
             task_id: -1,
+            recoverable: false,
         };
         let e = task_from(Some(&neg), "source_task").expect_err("negative");
         assert!(e.to_string().contains("source_task: task id -1"));

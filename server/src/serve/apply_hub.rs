@@ -169,6 +169,12 @@ impl ApplyListener for ApplyHub {
                     self.barriers.wake(&(id.clone(), *counter), &())
                 }
                 Change::ErrorRaised { seq } => self.errors.wake(&(), seq),
+                Change::RunStarted { number } => {
+                    tracing::info!(run = number, "a new run of the coordinated job began");
+                    // The last run's barrier instances and rounds are gone: their waiters look
+                    // again (and are told their run ended).
+                    self.barriers.wake_all(|| Wake::Recheck);
+                }
                 Change::TaskChanged { task } => {
                     self.log_task(task);
                     self.tasks.wake(&(), &())

@@ -138,11 +138,18 @@ impl CoordCore {
             other => return Err(unexpected("GetAliveTasks", &other)),
         };
         let key = (alive_wait_key(&set), generation as i64);
+        let run = self.reader.read(|a| a.state.runs.current());
         self.park_until(&self.hub.barriers, &key, epoch, |a| {
+            if a.state.runs.current() != run {
+                return Some(Err(CoordError::status(
+                    Code::Aborted,
+                    format!("GetAliveTasks ended with run {run} of the job"),
+                )));
+            }
             let c = a.state.cluster.as_ref()?;
-            c.alive.answer(&set, generation).cloned()
+            c.alive.answer(&set, generation).cloned().map(Ok)
         })
-        .await
+        .await?
     }
 
     /// XLA's WatchTasks: the records of `tasks` and the task version, at once if `version`
@@ -168,6 +175,24 @@ impl CoordCore {
             })
         })
         .await?
+    }
+
+    /// The first error `task` must learn of since it last registered, if it is connected and there
+    /// is one, from this (leader) replica's applied state: a heartbeat's answer (TensorFlow's
+    /// agents learn of other tasks' failures that way, see `api::tf`).
+    pub fn unseen_error(&self, task: &TaskName) -> Result<Option<ErrorEvent>, CoordError> {
+        self.with_cluster(|c| {
+            c.tasks
+                .get(task)
+                .filter(|r| r.state == TaskState::Connected)
+                .and_then(|r| c.errors.next_for(task, r.errors_seen_at_register))
+                .cloned()
+        })
+    }
+
+    /// Every task of `job` (none for a job the cluster does not have, as TensorFlow answers).
+    pub fn tasks_of_job(&self, job: &str) -> Result<Vec<TaskName>, CoordError> {
+        self.with_cluster(|c| c.config.all_tasks().filter(|t| t.job == job).collect())
     }
 
     /// XLA's PollForError: the first error `task` must learn of since it last registered.
@@ -207,9 +232,10 @@ impl CoordCore {
                     ),
                 )),
                 TaskState::Error => Err(task_error(task, rec)),
+                // INVALID_ARGUMENT, as TensorFlow's service answers.
                 TaskState::Disconnected => Err(CoordError::status(
-                    Code::FailedPrecondition,
-                    format!("task {task} is not registered (heartbeat before RegisterTask, or after ShutdownTask/ResetTask)"),
+                    Code::InvalidArgument,
+                    format!("task {task} is not registered: it must register before sending heartbeats (a heartbeat before RegisterTask, or after ShutdownTask/ResetTask)"),
                 )),
             }
         })??;
@@ -374,6 +400,13 @@ impl CoordCore {
             .map(|_| ())
     }
 
+    /// Ends the job's current run by hand (see `coord_raft_store::state::runs`); returns the run
+    /// that began.
+    pub async fn end_run(&self, id: Option<RequestId>, reason: String) -> Result<u64, CoordError> {
+        self.commit(id, Op::EndRun { reason }).await?;
+        Ok(self.reader.read(|a| a.state.runs.number))
+    }
+
     /// Parks until instance `counter` of `barrier` has an outcome.
     async fn await_barrier(
         &self,
@@ -382,7 +415,18 @@ impl CoordCore {
         epoch: u64,
     ) -> Result<Outcome, CoordError> {
         let key = (barrier.to_string(), counter);
+        // A new run of the job clears every instance of the last: a call still waiting on one
+        // is told its run ended.
+        let run = self.reader.read(|a| a.state.runs.current());
         self.park_until(&self.hub.barriers, &key, epoch, |a| {
+            if a.state.runs.current() != run {
+                return Some(Outcome::Failed {
+                    code: Code::Aborted,
+                    message: format!(
+                        "barrier {barrier:?} #{counter} ended with run {run} of the job"
+                    ),
+                });
+            }
             let c = a.state.cluster.as_ref()?;
             c.barriers.get(barrier)?.outcome_of(counter).cloned()
         })

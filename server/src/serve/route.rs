@@ -7,10 +7,10 @@
 //! same request again, with the same request id, so a mutation still applies once and a parked
 //! call completes with the answer it would have had. Only when no leader can be reached for
 //! `leader_wait` (or no leader is known for [`NO_LEADER_WAIT`]) does the caller see
-//! `UNAVAILABLE`, and try another replica. Except for jaxlib's clients: they take `UNAVAILABLE`
-//! as fatal and cannot try another replica, so their calls (XLA methods without the
-//! `coord-fails-over` mark coord's own clients send) are held until a leader serves them or the
-//! client gives up.
+//! `UNAVAILABLE`, and try another replica. Except for jaxlib's and TensorFlow's clients: they take
+//! `UNAVAILABLE` as fatal and cannot try another replica, so their calls (XLA and TF methods
+//! without the `coord-fails-over` mark coord's own clients send) are held until a leader serves
+//! them or the client gives up.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -167,8 +167,8 @@ impl Router {
                 }
             }
         };
-        // jaxlib's client dies of an UNAVAILABLE; coord's clients try another replica.
-        let patient = method.starts_with("xla/")
+        // jaxlib's and TensorFlow's clients fail on an UNAVAILABLE; coord's try another replica.
+        let patient = surface_of_agents_that_never_retry(method)
             && !req
                 .metadata()
                 .contains_key(coord_proto::metadata::FAILS_OVER);
@@ -383,8 +383,41 @@ fn waits_on_the_service(method: &str) -> bool {
                 | "WaitForAllTasks"
                 | "ShutdownTask"
                 | "PollForError"
+                | "GetAliveTasks"
+                | "WatchJobState"
+                | "coordination/PollForError"
                 | "AddMember"
                 | "RemoveMember"
         ),
     }
+}
+
+/// The RPCs of `tensorflow.CoordinationService` (TF 2.21), by the names routing knows them by.
+const TF_METHODS: [&str; 19] = [
+    "RegisterTask",
+    "Heartbeat",
+    "WaitForAllTasks",
+    "ShutdownTask",
+    "ResetTask",
+    "ReportErrorToTask",
+    "ReportErrorToService",
+    "GetTaskState",
+    "WatchJobState",
+    "InsertKeyValue",
+    "GetKeyValue",
+    "TryGetKeyValue",
+    "IncrementKeyValue",
+    "GetKeyValueDir",
+    "DeleteKeyValue",
+    "Barrier",
+    "CancelBarrier",
+    "GetAliveTasks",
+    "PollForError",
+];
+
+/// Whether `method`'s callers are TensorFlow's or jaxlib's own clients, which take `UNAVAILABLE`
+/// as fatal (TF's agent retries none of its calls but RegisterTask, jaxlib none at all): without
+/// the mark coord's own clients send, such a call is held until a leader serves it.
+fn surface_of_agents_that_never_retry(method: &str) -> bool {
+    method.starts_with("xla/") || TF_METHODS.contains(&method)
 }

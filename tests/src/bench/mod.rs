@@ -1,12 +1,21 @@
 //! coord-bench's building blocks: what a benchmark target must do, closed-loop load, failover
 //! measurement, many simulated tasks ([`tasks`]), and the two targets (a coord ensemble and an etcd 3.4 cluster, both real processes
 //! on loopback).
+//!
+//! Each subcommand of coord-bench runs one module here: [`kv`], [`agent_failover`] (`failover`),
+//! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`]; [`failover_report`] prints a
+//! leader-kill measurement for `kv` and `failover` alike.
 
+pub mod agent_failover;
 pub mod agent_target;
+pub mod chaos;
 pub mod coord_target;
+pub mod crash;
 pub mod dispatcher;
 pub mod etcd;
 pub mod failover;
+pub mod failover_report;
+pub mod kv;
 pub mod load;
 pub mod rendezvous;
 pub mod tasks;

@@ -69,6 +69,7 @@ fn task(i: usize) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: "worker".into(),
         task_id: i32::try_from(i).unwrap_or(i32::MAX),
+        recoverable: false,
     }
 }
 

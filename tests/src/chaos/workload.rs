@@ -204,6 +204,7 @@ fn task(job: &str, id: i32) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: job.into(),
         task_id: id,
+        recoverable: false,
     }
 }
 

@@ -83,6 +83,9 @@ enum Cmd {
     /// The ensemble's replicas.
     #[command(subcommand)]
     Member(MemberCmd),
+    /// The coordinated job's runs.
+    #[command(subcommand)]
+    Run(RunCmd),
     /// The tf.data dispatcher: jobs, workers, journal.
     #[command(subcommand)]
     Dispatcher(dispatcher::DispatcherCmd),
@@ -106,6 +109,18 @@ enum MemberCmd {
     Add { id: u64, addr: String },
     /// Remove a replica (stop it afterwards).
     Remove { id: u64 },
+}
+
+#[derive(Subcommand)]
+enum RunCmd {
+    /// End the job's current run: every task is disconnected, its barrier instances and the keys
+    /// it wrote are deleted, and the next run begins (the job's tasks register into it). A job
+    /// started again after all its tasks stopped gets a new run by itself; this is for a run
+    /// left half alive.
+    End {
+        #[arg(long, default_value = "ended by coordctl")]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -149,6 +164,7 @@ async fn main() -> ExitCode {
         Cmd::Snapshot => snapshot(&client, &cli.endpoints, out).await,
         Cmd::Kv(cmd) => kv(&client, cmd, out).await,
         Cmd::Member(cmd) => member(&client, cmd, out).await,
+        Cmd::Run(RunCmd::End { reason }) => end_run(&client, &reason, out).await,
         Cmd::Dispatcher(cmd) => dispatcher::run(&client, cmd, out).await,
         Cmd::Health { http, live } => Ok(health(&http, if live { "/livez" } else { "/readyz" })),
     };
@@ -358,6 +374,14 @@ async fn snapshot(
     } else {
         ExitCode::from(1)
     })
+}
+
+async fn end_run(client: &CoordClient, reason: &str, out: Output) -> Result<ExitCode, Status> {
+    let run = client.end_run(reason).await?;
+    let mut t = Table::new(&["RUN BEGUN"]);
+    t.push(vec![json!(run)]);
+    t.print(out);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn member(client: &CoordClient, cmd: MemberCmd, out: Output) -> Result<ExitCode, Status> {

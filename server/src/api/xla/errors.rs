@@ -1,22 +1,17 @@
-//! XLA's error details: what jaxlib's client finds in `grpc-status-details-bin`.
-//!
-//! The trailer holds a serialized `tensorflow.distributed_runtime.GrpcPayloadContainer`, a map
-//! from type URL to a serialized `xla.coordination.*` message. Every error the service itself
-//! produces carries a `CoordinationServiceError` (jaxlib takes an error without one for a broken
-//! connection); barrier errors add a `BarrierError`, a stale service incarnation a
-//! `ServiceMismatchError`.
+//! XLA's error details: what jaxlib's client finds in `grpc-status-details-bin` (see
+//! [`crate::api::payloads`]). jaxlib names tasks by integer id, so its `CoordinationServiceError`
+//! does too; a stale service incarnation adds a `ServiceMismatchError`.
 
-use bytes::Bytes;
-use coord_proto::tensorflow::distributed_runtime::GrpcPayloadContainer;
 use coord_proto::xla::coordination as xla;
 use coord_raft_store::state::{ErrorEvent, TaskError, TaskName};
 use prost::Message;
-use tonic::{Code, Status};
+use tonic::Code;
 
+use crate::api::payloads::{detailed_with, with_payloads};
 use crate::error::{grpc_code, CoordError};
 
-const COORDINATION_ERROR_URL: &str = "type.googleapis.com/tensorflow.CoordinationServiceError";
-const BARRIER_ERROR_URL: &str = "type.googleapis.com/tensorflow.BarrierError";
+pub use crate::api::payloads::barrier_error;
+
 const SERVICE_MISMATCH_URL: &str = "type.googleapis.com/tensorflow.ServiceMismatchError";
 
 /// XLA's integer id of a task.
@@ -32,55 +27,10 @@ pub fn error_payload(e: &TaskError) -> xla::CoordinationServiceError {
     }
 }
 
-/// An answer with `payload` and `extra` in `grpc-status-details-bin`.
-fn with_payloads(
-    code: Code,
-    message: String,
-    payload: &xla::CoordinationServiceError,
-    extra: Option<(&str, Vec<u8>)>,
-) -> CoordError {
-    let mut payloads = vec![(COORDINATION_ERROR_URL, payload.encode_to_vec())];
-    payloads.extend(extra);
-    let container = GrpcPayloadContainer {
-        payloads: payloads
-            .into_iter()
-            .map(|(url, v)| (url.to_string(), Bytes::from(v)))
-            .collect(),
-    };
-    CoordError::Detailed {
-        code,
-        message,
-        details: Bytes::from(container.encode_to_vec()),
-    }
-}
-
-fn detailed_with(e: CoordError, extra: Option<(&str, Vec<u8>)>) -> CoordError {
-    if e.is_retryable() || matches!(e, CoordError::Detailed { .. }) {
-        return e;
-    }
-    let message = e.to_string();
-    let code = Status::from(e).code();
-    with_payloads(
-        code,
-        message,
-        &xla::CoordinationServiceError::default(),
-        extra,
-    )
-}
-
 /// A service answer as XLA's client wants it: with a `CoordinationServiceError`. Errors routing
 /// must re-drive, and errors already detailed, pass unchanged.
 pub fn detailed(e: CoordError) -> CoordError {
     detailed_with(e, None)
-}
-
-/// A barrier's error, with the barrier named in a `BarrierError`.
-pub fn barrier_error(e: CoordError, barrier_id: &str, counter: i64) -> CoordError {
-    let b = xla::BarrierError {
-        barrier_id: barrier_id.to_string(),
-        counter,
-    };
-    detailed_with(e, Some((BARRIER_ERROR_URL, b.encode_to_vec())))
 }
 
 /// A request made for another service incarnation: INTERNAL, with the service's own.
@@ -91,7 +41,7 @@ pub fn service_mismatch(theirs: u64, ours: u64) -> CoordError {
     with_payloads(
         Code::Internal,
         format!("wrong service incarnation: requested {theirs}, currently {ours}"),
-        &xla::CoordinationServiceError::default(),
+        Vec::new(),
         Some((SERVICE_MISMATCH_URL, mismatch.encode_to_vec())),
     )
 }
@@ -101,7 +51,7 @@ pub fn polled(e: &ErrorEvent) -> CoordError {
     with_payloads(
         grpc_code(e.error.code),
         format!("task {} failed: {}", e.error.source, e.error.message),
-        &error_payload(&e.error),
+        error_payload(&e.error).encode_to_vec(),
         None,
     )
 }

@@ -1,0 +1,133 @@
+//! The key-value store through [`CoordClient`]: TensorFlow's key-value calls (insert, blocking and
+//! non-blocking get, directory get, delete) and coord's own (increment, watch).
+//!
+//! Inserts and deletes carry a request id, so a retry through a failover applies once; a blocking
+//! get may wait on the service as long as it takes, so it has no attempt timeout.
+
+use bytes::Bytes;
+use coord_proto::coord::kv::key_value_client::KeyValueClient;
+use coord_proto::coord::kv::{IncrementRequest, WatchRequest, WatchResponse};
+use coord_proto::tensorflow as tf;
+use tonic::{Code, Status};
+
+use super::{tf_client, CoordClient};
+
+impl CoordClient {
+    /// Inserts `key`; with `overwrite` false an existing key is ALREADY_EXISTS.
+    pub async fn insert(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        overwrite: bool,
+    ) -> Result<(), Status> {
+        let req = tf::InsertKeyValueRequest {
+            kv: Some(tf::KeyValueEntry {
+                key: key.to_string(),
+                value: value.into(),
+            }),
+            allow_overwrite: overwrite,
+        };
+        let ticket = self.inner.session.begin();
+        self.call(req, Some(&ticket), |ch, r| async move {
+            tf_client(ch).insert_key_value(r).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The value of `key`, waiting until some task inserts it.
+    pub async fn get(&self, key: &str) -> Result<Bytes, Status> {
+        let req = tf::GetKeyValueRequest {
+            key: key.to_string(),
+        };
+        let resp = self
+            .call_parked(req, None, |ch, r| async move {
+                tf_client(ch).get_key_value(r).await
+            })
+            .await?;
+        Ok(resp.kv.map(|e| e.value).unwrap_or_default())
+    }
+
+    /// The value of `key`, or `None` if it does not exist.
+    pub async fn try_get(&self, key: &str) -> Result<Option<Bytes>, Status> {
+        let req = tf::TryGetKeyValueRequest {
+            key: key.to_string(),
+        };
+        match self
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).try_get_key_value(r).await
+            })
+            .await
+        {
+            Ok(resp) => Ok(Some(resp.kv.map(|e| e.value).unwrap_or_default())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Every entry under directory `dir`, sorted by key.
+    pub async fn get_dir(&self, dir: &str) -> Result<Vec<(String, Bytes)>, Status> {
+        let req = tf::GetKeyValueDirRequest {
+            directory_key: dir.to_string(),
+        };
+        let resp = self
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).get_key_value_dir(r).await
+            })
+            .await?;
+        Ok(resp.kv.into_iter().map(|e| (e.key, e.value)).collect())
+    }
+
+    /// Deletes `key` and everything under `key/`.
+    pub async fn delete(&self, key: &str) -> Result<(), Status> {
+        let req = tf::DeleteKeyValueRequest {
+            key: key.to_string(),
+            is_directory: true,
+        };
+        let ticket = self.inner.session.begin();
+        self.call(req, Some(&ticket), |ch, r| async move {
+            tf_client(ch).delete_key_value(r).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Adds `delta` to the decimal integer at `key` (0 if missing); returns the new value.
+    pub async fn increment(&self, key: &str, delta: i64) -> Result<i64, Status> {
+        let req = IncrementRequest {
+            key: key.to_string(),
+            delta,
+        };
+        let resp = self
+            .mutate(req, |ch, r| async move {
+                KeyValueClient::new(ch).increment(r).await
+            })
+            .await?;
+        std::str::from_utf8(&resp.value)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "increment of {key:?} returned a non-number {:?}",
+                    resp.value
+                ))
+            })
+    }
+
+    /// Opens a watch of `key` (and everything under `key/`) on the leader, from `start_revision`
+    /// (0 = from now).
+    pub async fn open_watch(
+        &self,
+        key: &str,
+        start_revision: u64,
+    ) -> Result<tonic::Streaming<WatchResponse>, Status> {
+        let req = WatchRequest {
+            key: key.to_string(),
+            start_revision,
+        };
+        self.call(req, None, |ch, r| async move {
+            KeyValueClient::new(ch).watch(r).await
+        })
+        .await
+    }
+}

@@ -1,0 +1,186 @@
+//! The coordination service through [`CoordClient`]: the task lifecycle (register, heartbeat,
+//! WaitForAllTasks, reset, shutdown), barriers, errors and task states.
+//!
+//! Every mutation carries a request id; the calls that wait on the service (WaitForAllTasks,
+//! barriers, ShutdownTask, error polling) have no attempt timeout.
+
+use std::time::Duration;
+
+use coord_proto::coord::coordination::coordination_client::CoordinationClient;
+use coord_proto::coord::coordination::{
+    GetTaskStateRequest, GetTaskStateResponse, PollForErrorRequest, PollForErrorResponse,
+};
+use coord_proto::tensorflow as tf;
+use tonic::Status;
+
+use super::{tf_client, CoordClient};
+
+impl CoordClient {
+    /// Registers `task`; returns the service incarnation.
+    pub async fn register_task(
+        &self,
+        task: &tf::CoordinatedTask,
+        incarnation: u64,
+    ) -> Result<u64, Status> {
+        let req = tf::RegisterTaskRequest {
+            incarnation,
+            source_task: Some(task.clone()),
+        };
+        let resp = self
+            .mutate(
+                req,
+                |ch, r| async move { tf_client(ch).register_task(r).await },
+            )
+            .await?;
+        Ok(resp.leader_incarnation)
+    }
+
+    /// One heartbeat; returns the service incarnation.
+    pub async fn heartbeat(
+        &self,
+        task: &tf::CoordinatedTask,
+        incarnation: u64,
+    ) -> Result<u64, Status> {
+        let req = tf::HeartbeatRequest {
+            incarnation,
+            source_task: Some(task.clone()),
+        };
+        let resp = self
+            .call(req, None, |ch, r| async move {
+                tf_client(ch).heartbeat(r).await
+            })
+            .await?;
+        Ok(resp.leader_incarnation)
+    }
+
+    /// Waits until every task has called this; returns the cluster's devices.
+    pub async fn wait_for_all_tasks(
+        &self,
+        task: &tf::CoordinatedTask,
+        devices: Option<tf::CoordinationServiceDeviceInfo>,
+    ) -> Result<tf::WaitForAllTasksResponse, Status> {
+        let req = tf::WaitForAllTasksRequest {
+            local_device_info: devices,
+            source_task: Some(task.clone()),
+            device_info: None,
+        };
+        self.mutate_parked(req, |ch, r| async move {
+            tf_client(ch).wait_for_all_tasks(r).await
+        })
+        .await
+    }
+
+    /// Waits at barrier `id` (instance `counter`); `tasks` empty = every task. Returns the
+    /// instance's counter.
+    pub async fn barrier(
+        &self,
+        id: &str,
+        counter: i64,
+        timeout: Duration,
+        tasks: &[tf::CoordinatedTask],
+        source: &tf::CoordinatedTask,
+    ) -> Result<i64, Status> {
+        let req = tf::BarrierRequest {
+            barrier_id: id.to_string(),
+            barrier_timeout_in_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+            tasks: tasks.to_vec(),
+            source_task: Some(source.clone()),
+            counter,
+        };
+        let resp = self
+            .mutate_parked(req, |ch, r| async move { tf_client(ch).barrier(r).await })
+            .await?;
+        Ok(resp.counter)
+    }
+
+    pub async fn cancel_barrier(
+        &self,
+        id: &str,
+        counter: i64,
+        source: &tf::CoordinatedTask,
+    ) -> Result<(), Status> {
+        let req = tf::CancelBarrierRequest {
+            barrier_id: id.to_string(),
+            source_task: Some(source.clone()),
+            counter,
+        };
+        self.mutate(
+            req,
+            |ch, r| async move { tf_client(ch).cancel_barrier(r).await },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn report_error(
+        &self,
+        task: &tf::CoordinatedTask,
+        code: i32,
+        message: &str,
+    ) -> Result<(), Status> {
+        let req = tf::ReportErrorToServiceRequest {
+            error_code: code,
+            error_message: message.to_string(),
+            error_origin: Some(task.clone()),
+        };
+        self.mutate(req, |ch, r| async move {
+            tf_client(ch).report_error_to_service(r).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn reset_task(&self, task: &tf::CoordinatedTask) -> Result<(), Status> {
+        let req = tf::ResetTaskRequest {
+            source_task: Some(task.clone()),
+        };
+        self.mutate(
+            req,
+            |ch, r| async move { tf_client(ch).reset_task(r).await },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn shutdown_task(&self, task: &tf::CoordinatedTask) -> Result<(), Status> {
+        let req = tf::ShutdownTaskRequest {
+            source_task: Some(task.clone()),
+        };
+        self.mutate_parked(
+            req,
+            |ch, r| async move { tf_client(ch).shutdown_task(r).await },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Waits for the first error after `after_seq` that `task` must learn of.
+    pub async fn poll_for_error(
+        &self,
+        task: &tf::CoordinatedTask,
+        after_seq: u64,
+    ) -> Result<PollForErrorResponse, Status> {
+        let req = PollForErrorRequest {
+            task: Some(task.clone()),
+            after_seq,
+        };
+        self.call_parked(req, None, |ch, r| async move {
+            CoordinationClient::new(ch).poll_for_error(r).await
+        })
+        .await
+    }
+
+    /// The states of `tasks` (every task if empty).
+    pub async fn task_states(
+        &self,
+        tasks: &[tf::CoordinatedTask],
+    ) -> Result<GetTaskStateResponse, Status> {
+        let req = GetTaskStateRequest {
+            tasks: tasks.to_vec(),
+        };
+        self.call(req, None, |ch, r| async move {
+            CoordinationClient::new(ch).get_task_state(r).await
+        })
+        .await
+    }
+}

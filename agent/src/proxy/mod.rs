@@ -1,0 +1,96 @@
+//! coord-proxy's services: the coordination services of unmodified TensorFlow ([`tf`]) and
+//! jaxlib ([`xla`]) clients on localhost, in front of the whole ensemble.
+//!
+//! Neither client survives a broken connection or an `UNAVAILABLE`: jaxlib's PollForError is sent
+//! without retries and a failed poll kills the process; TensorFlow's agent retries nothing but
+//! RegisterTask, and a failed heartbeat or barrier ends the job. So they talk to this proxy on
+//! their own host; the proxy holds one [`CoordClient`] to every replica and sends each call to the
+//! leader. When the leader dies mid-call, the proxy sends the *same* request to the next leader:
+//! mutations carry a request id, so the new leader answers with the outcome the log already holds
+//! instead of applying them twice; calls that park on the service (blocking get, barriers,
+//! GetAliveTasks, watches, PollForError) are re-parked there. The client sees one slow call, never
+//! an error. Answers of the service (its errors included) pass through unchanged.
+
+use std::future::Future;
+
+use tonic::{Request, Response, Status};
+
+use crate::client::{Channel, CoordClient};
+
+pub mod tf;
+pub mod xla;
+
+/// Largest message forwarded either way.
+const MESSAGE_LIMIT: usize = 64 << 20;
+
+/// How a method is forwarded.
+#[derive(Clone, Copy)]
+enum Call {
+    /// Answers at once, changes nothing: re-sent freely.
+    Read,
+    /// Parks on the service until something happens; changes nothing.
+    WaitingRead,
+    /// Changes state and answers at once: sent with a request id.
+    Write,
+    /// Changes state and parks (registration at its barrier, barriers, GetAliveTasks).
+    WaitingWrite,
+}
+
+/// Forwards one call as `call` says, over `client`'s failover.
+async fn forward<Req, Resp, F, Fut>(
+    client: &CoordClient,
+    req: Request<Req>,
+    call: Call,
+    f: F,
+) -> Result<Response<Resp>, Status>
+where
+    Req: Clone,
+    F: Fn(Channel, Request<Req>) -> Fut,
+    Fut: Future<Output = Result<Response<Resp>, Status>>,
+{
+    let (mutation, waits) = match call {
+        Call::Read => (false, false),
+        Call::WaitingRead => (false, true),
+        Call::Write => (true, false),
+        Call::WaitingWrite => (true, true),
+    };
+    client
+        .forward(req.into_inner(), mutation, waits, f)
+        .await
+        .map(Response::new)
+}
+
+/// A proxy service: every method forwarded as its [`Call`] kind says. (The macro writes the whole
+/// impl, so that `async_trait` sees the expanded methods.)
+macro_rules! proxy_service {
+    ($proxy:ident, $pb:path, $service:path, $upstream:ident,
+     $($method:ident($req:ident) -> $resp:ident: $call:expr;)*) => {
+        pub struct $proxy {
+            client: $crate::client::CoordClient,
+        }
+
+        impl $proxy {
+            pub fn new(client: $crate::client::CoordClient) -> Self {
+                Self { client }
+            }
+        }
+
+        use $pb as pb;
+
+        #[tonic::async_trait]
+        impl $service for $proxy {
+        $(
+            async fn $method(
+                &self,
+                req: tonic::Request<pb::$req>,
+            ) -> Result<tonic::Response<pb::$resp>, tonic::Status> {
+                super::forward(&self.client, req, $call, |ch, r| async move {
+                    $upstream(ch).$method(r).await
+                })
+                .await
+            }
+        )*
+        }
+    };
+}
+use proxy_service;

@@ -1,0 +1,39 @@
+//! `tensorflow.CoordinationService`, as TensorFlow 2.21's agents speak it (see [the proxy](super)).
+//! Point a job's `TF_CONFIG` at the proxy as `ps:0` (see the README).
+
+use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
+
+use super::{proxy_service, Call, MESSAGE_LIMIT};
+use crate::client::Channel;
+
+fn upstream(ch: Channel) -> CoordinationServiceClient<Channel> {
+    CoordinationServiceClient::new(ch)
+        .max_decoding_message_size(MESSAGE_LIMIT)
+        .max_encoding_message_size(MESSAGE_LIMIT)
+}
+
+proxy_service! {
+    TfProxy,
+    coord_proto::tensorflow,
+    coord_proto::tensorflow::coordination_service_server::CoordinationService,
+    upstream,
+    register_task(RegisterTaskRequest) -> RegisterTaskResponse: Call::Write;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse: Call::Read;
+    wait_for_all_tasks(WaitForAllTasksRequest) -> WaitForAllTasksResponse: Call::WaitingWrite;
+    shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse: Call::WaitingWrite;
+    reset_task(ResetTaskRequest) -> ResetTaskResponse: Call::Write;
+    report_error_to_task(ReportErrorToTaskRequest) -> ReportErrorToTaskResponse: Call::Read;
+    report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse: Call::Write;
+    get_task_state(GetTaskStateRequest) -> GetTaskStateResponse: Call::Read;
+    watch_job_state(WatchJobStateRequest) -> WatchJobStateResponse: Call::WaitingRead;
+    insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse: Call::Write;
+    get_key_value(GetKeyValueRequest) -> GetKeyValueResponse: Call::WaitingRead;
+    try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse: Call::Read;
+    increment_key_value(IncrementKeyValueRequest) -> IncrementKeyValueResponse: Call::Write;
+    get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::Read;
+    delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse: Call::Write;
+    barrier(BarrierRequest) -> BarrierResponse: Call::WaitingWrite;
+    cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
+    get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;
+    poll_for_error(PollForErrorRequest) -> PollForErrorResponse: Call::WaitingRead;
+}

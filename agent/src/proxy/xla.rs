@@ -1,0 +1,34 @@
+//! `xla.coordination.CoordinationService`, as jaxlib 0.10+ speaks it (see [the proxy](super)).
+
+use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
+
+use super::{proxy_service, Call, MESSAGE_LIMIT};
+use crate::client::Channel;
+
+fn upstream(ch: Channel) -> CoordinationServiceClient<Channel> {
+    CoordinationServiceClient::new(ch)
+        .max_decoding_message_size(MESSAGE_LIMIT)
+        .max_encoding_message_size(MESSAGE_LIMIT)
+}
+
+proxy_service! {
+    XlaProxy,
+    coord_proto::xla::coordination,
+    coord_proto::xla::coordination::coordination_service_server::CoordinationService,
+    upstream,
+    register_task(RegisterTaskRequest) -> RegisterTaskResponse: Call::WaitingWrite;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse: Call::Read;
+    shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse: Call::WaitingWrite;
+    watch_tasks(WatchTasksRequest) -> WatchTasksResponse: Call::WaitingRead;
+    insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse: Call::Write;
+    get_key_value(GetKeyValueRequest) -> GetKeyValueResponse: Call::WaitingRead;
+    try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse: Call::Read;
+    increment_key_value(IncrementKeyValueRequest) -> IncrementKeyValueResponse: Call::Write;
+    get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::Read;
+    delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse: Call::Write;
+    barrier(BarrierRequest) -> BarrierResponse: Call::WaitingWrite;
+    cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
+    get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;
+    poll_for_error(PollForErrorRequest) -> PollForErrorResponse: Call::WaitingRead;
+    report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse: Call::Write;
+}

@@ -1,0 +1,92 @@
+//! XLA's additions to the coordination service: registration at a barrier (RegisterAtBarrier),
+//! GetAliveTasks rounds, and the task version WatchTasks follows.
+//!
+//! A GetAliveTasks round waits for every live task of its set and not for the dead: whenever a
+//! task's record changes, the open rounds are checked again.
+
+use super::{status, Cluster, REGISTER_BARRIER};
+use crate::command::{CommandResult, Output};
+use crate::error::Code;
+use crate::state::alive;
+use crate::state::barriers::Participants;
+use crate::state::change::Change;
+use crate::state::cluster::TaskName;
+
+impl Cluster {
+    /// After a command changed some task: a new WatchTasks version, and GetAliveTasks rounds
+    /// that no longer wait for a task that died may finish.
+    pub(crate) fn tasks_changed(&mut self, changes: &mut Vec<Change>) {
+        self.task_version += 1;
+        for (set, generation) in self.alive.recheck(&self.tasks) {
+            changes.push(Change::BarrierDone {
+                id: alive::wait_key(&set),
+                counter: generation as i64,
+            });
+        }
+    }
+
+    /// XLA's registration: register, then wait at the register barrier of `participants`.
+    pub(crate) fn register_at_barrier(
+        &mut self,
+        task: &TaskName,
+        incarnation: u64,
+        participants: &[TaskName],
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        if let Some(unknown) = participants.iter().find(|t| !self.config.contains(t)) {
+            return Err(status(
+                Code::InvalidArgument,
+                self.config.why_unknown(unknown),
+            ));
+        }
+        if !participants.contains(task) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!("task {task} is not one of the tasks of the register barrier"),
+            ));
+        }
+        self.register(task, incarnation, changes)?;
+        let timeout = self.config.register_timeout_ms;
+        self.arrive(
+            REGISTER_BARRIER,
+            0,
+            Participants::from_request(participants),
+            timeout,
+            task,
+            now_ms,
+            changes,
+        )
+    }
+
+    /// XLA's GetAliveTasks: joins the round of `tasks`.
+    pub(crate) fn get_alive_tasks(
+        &mut self,
+        source: &TaskName,
+        tasks: &[TaskName],
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        self.require(source)?;
+        if let Some(unknown) = tasks.iter().find(|t| !self.config.contains(t)) {
+            return Err(status(
+                Code::InvalidArgument,
+                self.config.why_unknown(unknown),
+            ));
+        }
+        let set = alive::set_key(tasks);
+        if !set.contains(source) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!("task {source} asked which tasks are alive, but it is not one of the tasks it asked about"),
+            ));
+        }
+        let (generation, answer) = self.alive.ask(set.clone(), source, &self.tasks);
+        if answer.is_some() {
+            changes.push(Change::BarrierDone {
+                id: alive::wait_key(&set),
+                counter: generation as i64,
+            });
+        }
+        Ok(Output::Alive { generation, answer })
+    }
+}

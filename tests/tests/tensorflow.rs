@@ -1,0 +1,243 @@
+//! Unmodified TensorFlow 2.21 (`tensorflow-cpu` from PyPI, in a venv the tests make; they skip,
+//! saying why, where it cannot be had) on the ensemble: `MultiWorkerMirroredStrategy` workers
+//! whose `TF_CONFIG` lists a replica as `ps:0`, which MWMS makes its coordination service leader.
+
+use std::time::Duration;
+
+use coord_tests::cluster::free_ports;
+use coord_tests::jax::Sidecar;
+use coord_tests::tf::{wall, Tf, Worker, WorkerSpec};
+use coord_tests::{Cluster, ClusterOptions};
+
+/// TF's import alone takes seconds on two loaded cores; a worker's whole life fits in this.
+const WORKER_PATIENCE: Duration = Duration::from_secs(240);
+
+fn tf_or_skip(test: &str) -> Option<Tf> {
+    match Tf::get() {
+        Ok(t) => Some(t),
+        Err(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+    }
+}
+
+/// The ensemble as MWMS's own service is configured: job `worker` of `n`, heartbeat timeout
+/// 10 s (TF's default: its agents heartbeat every 5 s).
+fn ensemble(n: usize) -> Cluster {
+    Cluster::start(ClusterOptions {
+        extra_args: vec!["--job".into(), format!("worker={n}")],
+        ..ClusterOptions::default()
+    })
+}
+
+/// Starts the `n` workers of a job pointed at `coordinator`.
+fn start_job(
+    tf: &Tf,
+    n: usize,
+    coordinator: &str,
+    steps: u32,
+    sleep: Duration,
+    run: &str,
+) -> Vec<Worker> {
+    let workers: Vec<String> = free_ports(n)
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    (0..n)
+        .map(|index| {
+            tf.worker(&WorkerSpec {
+                workers: workers.clone(),
+                index,
+                coordinator: coordinator.to_string(),
+                steps,
+                step_sleep: sleep,
+                run: run.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The last step a worker reported.
+fn last_step(w: &Worker) -> u64 {
+    w.events()
+        .iter()
+        .filter(|e| e["event"] == "step")
+        .filter_map(|e| e["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Waits until a worker reported step `n`.
+async fn wait_step(w: &Worker, n: u64) {
+    let deadline = tokio::time::Instant::now() + WORKER_PATIENCE;
+    while last_step(w) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker {} stopped at step {}: {:?}",
+            w.index,
+            last_step(w),
+            w.events().last()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every worker trains to the end: keys exchanged, barrier passed, every all-reduce right.
+async fn trains_to_the_end(job: &mut [Worker], steps: u32) {
+    let n = job.len();
+    for w in job.iter_mut() {
+        let done = w.wait_event("done", WORKER_PATIENCE).await;
+        assert!(done.is_object());
+        let events = w.events();
+        let kv = events
+            .iter()
+            .find(|e| e["event"] == "kv")
+            .expect("kv event");
+        assert_eq!(
+            kv["value"],
+            format!("hello from {}", (w.index + 1) % n),
+            "worker {} read its peer's key",
+            w.index
+        );
+        let sum = (1..=n).sum::<usize>() as f64;
+        let totals: Vec<f64> = events
+            .iter()
+            .filter(|e| e["event"] == "step")
+            .filter_map(|e| e["total"].as_f64())
+            .collect();
+        assert_eq!(
+            totals.len(),
+            steps as usize,
+            "worker {}: {events:?}",
+            w.index
+        );
+        assert!(
+            totals.iter().all(|t| *t == sum),
+            "worker {}: {totals:?}",
+            w.index
+        );
+        assert_eq!(w.wait_exit(Duration::from_secs(60)).await, Some(0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mwms_workers_train_on_the_ensemble() {
+    let Some(tf) = tf_or_skip("mwms_workers_train_on_the_ensemble") else {
+        return;
+    };
+    let mut cluster = ensemble(2);
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    // Through a follower, so that forwarding is on every call's path.
+    let via = cluster.replica(cluster.other_than(leader)).grpc.to_string();
+    let mut job = start_job(&tf, 2, &via, 5, Duration::ZERO, "once");
+    trains_to_the_end(&mut job, 5).await;
+}
+
+/// A worker killed mid-training: the other learns of it from the service (as the answer to its
+/// next heartbeat) and fails, within the heartbeat timeout plus one heartbeat interval of the
+/// kill (TensorFlow's own service pushes the error at the timeout instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_fails_the_others() {
+    let Some(tf) = tf_or_skip("a_killed_worker_fails_the_others") else {
+        return;
+    };
+    // TF's agent: heartbeat timeout 10 s, a heartbeat every 5 s, and a 1 s pause before it acts
+    // on a failed heartbeat; the service looks for silent tasks every 250 ms; and 1 s for the
+    // abort to reach the training step and be printed.
+    const BOUND: Duration = Duration::from_secs(10 + 5 + 1 + 1);
+    let mut cluster = ensemble(2);
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let via = cluster.replica(leader).grpc.to_string();
+    let mut job = start_job(&tf, 2, &via, 100_000, Duration::from_millis(100), "killed");
+    for w in &job {
+        w.wait_event("step", WORKER_PATIENCE).await;
+    }
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    job[1].kill();
+    let error = job[0]
+        .wait_event("error", BOUND + Duration::from_secs(30))
+        .await;
+    let after = wall(&error) - killed_at;
+    let message = error["message"].as_str().unwrap_or_default();
+    eprintln!("worker 0 failed {after:.1} s after worker 1's kill: {message}");
+    assert!(
+        message.contains("/job:worker/task:1"),
+        "the error names the dead task: {message}"
+    );
+    assert!(
+        after <= BOUND.as_secs_f64(),
+        "worker 0 learned of worker 1's death {after:.1} s after the kill (bound {BOUND:?})"
+    );
+    assert_eq!(job[0].wait_exit(Duration::from_secs(60)).await, Some(3));
+}
+
+/// The same job three times in a row on one ensemble, with the same key names and barrier ids:
+/// MWMS never calls ShutdownTask, so each run's tasks are still connected when the next starts,
+/// until their heartbeats time out; the next run then begins clean (no task in ERROR, no old key,
+/// no barrier instance already passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_job_runs_three_times_in_a_row() {
+    let Some(tf) = tf_or_skip("the_same_job_runs_three_times_in_a_row") else {
+        return;
+    };
+    let mut cluster = ensemble(2);
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let via = cluster.replica(leader).grpc.to_string();
+    for attempt in 0..3 {
+        eprintln!("run {attempt}");
+        let mut job = start_job(&tf, 2, &via, 3, Duration::ZERO, "same");
+        trains_to_the_end(&mut job, 3).await;
+    }
+}
+
+/// MWMS workers, each through its own coord-proxy sidecar, train through the kill -9 of the
+/// leader and then of the next leader without an error: the proxies hold their calls (heartbeats
+/// among them) and send them to whichever replica leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mwms_trains_through_two_leader_kills_behind_coord_proxy() {
+    let Some(tf) = tf_or_skip("mwms_trains_through_two_leader_kills_behind_coord_proxy") else {
+        return;
+    };
+    let mut cluster = ensemble(2);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let endpoints = cluster.endpoints();
+    let proxies: Vec<Sidecar> = (0..2).map(|_| Sidecar::start(&endpoints)).collect();
+    let workers: Vec<String> = free_ports(2)
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let steps = 250;
+    let mut job: Vec<Worker> = (0..2)
+        .map(|index| {
+            tf.worker(&WorkerSpec {
+                workers: workers.clone(),
+                index,
+                coordinator: proxies[index].addr.clone(),
+                steps,
+                step_sleep: Duration::from_millis(100),
+                run: "failover".into(),
+            })
+        })
+        .collect();
+    for w in &job {
+        w.wait_event("step", WORKER_PATIENCE).await;
+    }
+    for kill in 0..2 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+        eprintln!("kill {kill}: replica {leader}");
+        cluster.kill(leader);
+        cluster.wait_for_leader(Duration::from_secs(30)).await;
+        // Training goes on for over a heartbeat interval (5 s, at 100 ms a step) on the new
+        // leader before the next kill.
+        for w in &job {
+            let now = last_step(w);
+            wait_step(w, now + 55).await;
+        }
+        cluster.spawn(leader);
+    }
+    trains_to_the_end(&mut job, steps).await;
+}
