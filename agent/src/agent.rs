@@ -298,7 +298,25 @@ impl Agent {
 
     /// Reports an error of this task to the service (which tells the other tasks) and puts the
     /// agent in ERROR.
+    ///
+    /// FAILED_PRECONDITION if the agent is already in ERROR (as TensorFlow's agent): the task has
+    /// one error until it resets, so a later report must neither replace the error the callback
+    /// and the other tasks were given nor reach the service a second time.
     pub async fn report_error(&self, error: &Status) -> Result<(), Status> {
+        let first = {
+            let s = self.shared();
+            (s.state == AgentState::Error).then(|| s.error.clone())
+        };
+        if let Some(first) = first {
+            let (code, message) = first.map_or((Code::Unknown, String::new()), |e| {
+                (e.code(), e.message().to_string())
+            });
+            return Err(Status::failed_precondition(format!(
+                "the coordination agent of task {}/{} is already in error state ({code:?}: \
+                 {message}); reset it before reporting another error",
+                self.inner.task.job_name, self.inner.task.task_id,
+            )));
+        }
         if self.state() == AgentState::Running {
             self.inner
                 .client
@@ -358,7 +376,9 @@ impl Agent {
         }
     }
 
-    /// Starts a blocking get in the background; `done` gets its result. The handle cancels it.
+    /// Starts a blocking get in the background; `done` gets its result, exactly once: the value
+    /// or error of the get, or CANCELLED if [`GetHandle::cancel`] came first (as TensorFlow's
+    /// agent, whose callers release what the callback owns only once it has run).
     pub fn get_key_value_async(
         &self,
         key: &str,
@@ -366,9 +386,18 @@ impl Agent {
     ) -> GetHandle {
         let agent = self.clone();
         let key = key.to_string();
-        GetHandle(tokio::spawn(async move {
-            done(agent.get_key_value(&key, None).await)
-        }))
+        let cancel = Arc::new(tokio::sync::Notify::new());
+        let cancelled = cancel.clone();
+        let task = tokio::spawn(async move {
+            let result = tokio::select! {
+                r = agent.get_key_value(&key, None) => r,
+                () = cancelled.notified() => Err(Status::cancelled(format!(
+                    "the get of key {key:?} was cancelled"
+                ))),
+            };
+            done(result)
+        });
+        GetHandle { task, cancel }
     }
 
     pub async fn try_get_key_value(&self, key: &str) -> Result<Option<Bytes>, Status> {
@@ -450,15 +479,23 @@ impl Agent {
 }
 
 /// A background get; dropping the handle does not cancel it, [`GetHandle::cancel`] does.
-pub struct GetHandle(JoinHandle<()>);
+pub struct GetHandle {
+    task: JoinHandle<()>,
+    /// Wakes the task to answer CANCELLED. A `Notify` rather than an abort, so that the callback
+    /// still runs; `notify_one` keeps the permit when the task has not polled it yet, so a cancel
+    /// right after the start is not lost.
+    cancel: Arc<tokio::sync::Notify>,
+}
 
 impl GetHandle {
+    /// Ends the get with CANCELLED unless it has already called back (then nothing happens).
     pub fn cancel(&self) {
-        self.0.abort();
+        self.cancel.notify_one();
     }
 
+    /// Whether the callback has run.
     pub fn is_finished(&self) -> bool {
-        self.0.is_finished()
+        self.task.is_finished()
     }
 }
 

@@ -63,6 +63,8 @@ impl BlockingAgent {
         self.runtime.block_on(self.agent.task_status(job, task_id))
     }
 
+    /// As [`Agent::report_error`]: FAILED_PRECONDITION, and the first error kept, if the agent is
+    /// already in ERROR.
     pub fn report_error(&self, error: &Status) -> Result<(), Status> {
         self.runtime.block_on(self.agent.report_error(error))
     }

@@ -12,7 +12,9 @@
 //!    [`PreemptionSyncManager::reached_sync_point`] returns true exactly at that step.
 //!
 //! A failure midway (an unparsable death time, a counter that could not be written) cancels the
-//! barrier, so that nobody waits; training goes on without a sync point.
+//! barrier, so that nobody waits; training goes on without a sync point. So does dropping a
+//! task's [`PreemptionSyncManager`] while its round is before the barrier's outcome: that task
+//! will never arrive, and its peers should not wait out the barrier's timeout.
 //!
 //! **Beyond TensorFlow: rounds.** In TensorFlow the service dies with the chief, so a job sees one
 //! preemption. Here the service outlives every task, so the protocol must run again for the next
@@ -26,15 +28,20 @@
 //! restarted task that finds its own counter already written for the current round (its previous
 //! run took part) does not take part again.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use tokio::sync::{mpsc, Mutex};
 use tokio::task::JoinHandle;
 use tonic::{Code, Status};
 
 use crate::agent::Agent;
+
+mod notifier;
+pub use notifier::{
+    format_death_time, parse_death_time, ManualNotice, ManualNotifier, PreemptionNotifier,
+    SigtermNotifier,
+};
 
 pub const NOTICE_KEY: &str = "RECEIVED_PREEMPTION_NOTICE";
 pub const COUNTER_DIR: &str = "PREEMPTION_CURRENT_COUNTER";
@@ -69,86 +76,6 @@ impl Default for PreemptionOptions {
     }
 }
 
-/// Learns that this task will be preempted, and when.
-pub trait PreemptionNotifier: Send + 'static {
-    /// Starts listening; sends each death time to `notices`.
-    fn start(self: Box<Self>, notices: mpsc::UnboundedSender<SystemTime>) -> JoinHandle<()>;
-}
-
-/// SIGTERM means preemption: death time = now + `grace` (a cloud VM's shutdown notice, or
-/// Kubernetes' termination grace period).
-pub struct SigtermNotifier {
-    pub grace: Duration,
-}
-
-impl PreemptionNotifier for SigtermNotifier {
-    fn start(self: Box<Self>, notices: mpsc::UnboundedSender<SystemTime>) -> JoinHandle<()> {
-        // Installed before `start` returns: from then on SIGTERM no longer kills the process.
-        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-        tokio::spawn(async move {
-            let mut term = match term {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot listen for SIGTERM; preemption notices will not arrive");
-                    return;
-                }
-            };
-            while term.recv().await.is_some() {
-                tracing::info!(grace = ?self.grace, "SIGTERM: this task will be preempted");
-                if notices.send(SystemTime::now() + self.grace).is_err() {
-                    return;
-                }
-            }
-        })
-    }
-}
-
-/// A notifier driven by the program (tests, or an integration with a cloud's metadata server).
-pub struct ManualNotifier {
-    rx: mpsc::UnboundedReceiver<SystemTime>,
-}
-
-/// Sends notices to a [`ManualNotifier`].
-#[derive(Clone)]
-pub struct ManualNotice(mpsc::UnboundedSender<SystemTime>);
-
-impl ManualNotice {
-    pub fn notify(&self, death_time: SystemTime) {
-        let _ = self.0.send(death_time);
-    }
-}
-
-impl ManualNotifier {
-    pub fn new() -> (Self, ManualNotice) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Self { rx }, ManualNotice(tx))
-    }
-}
-
-impl PreemptionNotifier for ManualNotifier {
-    fn start(mut self: Box<Self>, notices: mpsc::UnboundedSender<SystemTime>) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            while let Some(t) = self.rx.recv().await {
-                if notices.send(t).is_err() {
-                    return;
-                }
-            }
-        })
-    }
-}
-
-/// A death time as TensorFlow writes it (RFC 3339, UTC as `+00:00`, with nanoseconds).
-pub fn format_death_time(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Nanos, false)
-}
-
-/// Parses an RFC 3339 death time (any offset).
-pub fn parse_death_time(s: &str) -> Result<SystemTime, String> {
-    DateTime::parse_from_rfc3339(s.trim())
-        .map(SystemTime::from)
-        .map_err(|e| format!("death time {s:?} is not RFC 3339: {e}"))
-}
-
 /// The step counter and the agreed sync point, under one lock: while the protocol runs,
 /// `reached_sync_point` waits, so the counter a task published cannot move underneath it.
 #[derive(Default)]
@@ -157,17 +84,56 @@ struct Counters {
     sync_point: Option<i64>,
 }
 
-/// Runs the preemption sync protocol for one task. Dropping it stops the protocol (a round in
-/// progress is left to the others' barrier timeout).
+/// Whether this task owes round `round`'s sync barrier an arrival, shared by the protocol (which
+/// records it) and the manager's `Drop` (which cancels the barrier instance for a task that will
+/// never arrive). A `std` mutex: it is never held across an `.await`, and `Drop` cannot await.
+#[derive(Default)]
+struct Participation {
+    /// The round from its notice until this task's barrier outcome is known and acted on.
+    round: Option<u64>,
+    /// The manager was dropped: the protocol must not enter another round, as nobody would
+    /// cancel its barrier.
+    dropped: bool,
+}
+
+type SharedParticipation = Arc<std::sync::Mutex<Participation>>;
+
+fn participation(p: &SharedParticipation) -> std::sync::MutexGuard<'_, Participation> {
+    p.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs the preemption sync protocol for one task. Dropping it stops the protocol; a round in
+/// progress fails at once for the other tasks (CANCELLED at the sync barrier) instead of after
+/// the barrier's timeout.
 pub struct PreemptionSyncManager {
     counters: Arc<Mutex<Counters>>,
     tasks: Vec<JoinHandle<()>>,
+    agent: Agent,
+    participation: SharedParticipation,
 }
 
 impl Drop for PreemptionSyncManager {
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();
+        }
+        let round = {
+            let mut p = participation(&self.participation);
+            p.dropped = true;
+            p.round.take()
+        };
+        let Some(round) = round else { return };
+        // `Drop` cannot await the call; it runs on the runtime the agent's calls run on.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let agent = self.agent.clone();
+                rt.spawn(async move { cancel_sync_barrier(&agent, round).await });
+            }
+            Err(_) => tracing::warn!(
+                round,
+                "preemption sync manager dropped outside a tokio runtime; the other tasks wait for \
+                 the sync barrier's timeout"
+            ),
         }
     }
 }
@@ -200,18 +166,22 @@ impl PreemptionSyncManager {
     ) -> Self {
         let on_event: EventSink = Arc::new(on_event);
         let counters = Arc::new(Mutex::new(Counters::default()));
+        let participation = SharedParticipation::default();
         let (tx, rx) = mpsc::unbounded_channel();
         let notifier_task = notifier.start(tx);
         let publisher = tokio::spawn(publish_notices(agent.clone(), rx, on_event.clone()));
         let protocol = tokio::spawn(protocol_loop(Protocol {
-            agent,
+            agent: agent.clone(),
             options,
             counters: counters.clone(),
+            participation: participation.clone(),
             on_event,
         }));
         Self {
             counters,
             tasks: vec![notifier_task, publisher, protocol],
+            agent,
+            participation,
         }
     }
 
@@ -284,7 +254,37 @@ struct Protocol {
     agent: Agent,
     options: PreemptionOptions,
     counters: Arc<Mutex<Counters>>,
+    participation: SharedParticipation,
     on_event: EventSink,
+}
+
+impl Protocol {
+    /// Records that this task owes round `round`'s barrier an arrival; false once the manager is
+    /// dropped.
+    fn enter(&self, round: u64) -> bool {
+        let mut p = participation(&self.participation);
+        if !p.dropped {
+            p.round = Some(round);
+        }
+        !p.dropped
+    }
+
+    /// This task's barrier outcome is known and acted on: a drop from now on cancels nothing.
+    fn leave(&self) {
+        participation(&self.participation).round = None;
+    }
+}
+
+/// Fails instance `round` of the sync barrier for everyone, so nobody waits for a task that will
+/// not arrive.
+async fn cancel_sync_barrier(agent: &Agent, round: u64) {
+    if let Err(s) = agent
+        .client()
+        .cancel_barrier(SYNC_BARRIER, round as i64, agent.task())
+        .await
+    {
+        tracing::warn!(round, error = %s, "could not cancel the preemption sync barrier");
+    }
 }
 
 fn counter_key(task: &coord_proto::tensorflow::CoordinatedTask) -> String {
@@ -316,11 +316,7 @@ async fn protocol_loop(p: Protocol) {
             Err(s) if s.code() == Code::Cancelled => return,
             Err(s) => {
                 tracing::error!(error = %s, "failed to retrieve the preemption notice");
-                let _ = p
-                    .agent
-                    .client()
-                    .cancel_barrier(SYNC_BARRIER, round as i64, p.agent.task())
-                    .await;
+                cancel_sync_barrier(&p.agent, round).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -340,6 +336,9 @@ async fn protocol_loop(p: Protocol) {
         if current_round(&p.agent).await.ok() != Some(round) {
             continue;
         }
+        if !p.enter(round) {
+            return;
+        }
         (p.on_event)(PreemptionEvent::NoticeReceived {
             round,
             death_time: notice.clone(),
@@ -357,14 +356,11 @@ async fn protocol_loop(p: Protocol) {
                     reason: reason.clone(),
                 });
                 // Nobody waits at a barrier that cannot pass; then the round is over.
-                let _ = p
-                    .agent
-                    .client()
-                    .cancel_barrier(SYNC_BARRIER, round as i64, p.agent.task())
-                    .await;
+                cancel_sync_barrier(&p.agent, round).await;
                 clear_round(&p.agent, round, &notice, false).await;
             }
         }
+        p.leave();
         wait_round_over(&p, round, &notice).await;
     }
 }
@@ -425,6 +421,8 @@ async fn run_round(p: &Protocol, round: u64, notice: &str, death: SystemTime) ->
     {
         return Round::Failed(format!("the sync barrier failed: {s}"));
     }
+    // Passed: there is nothing left to cancel.
+    p.leave();
     // 4-6. The sync point is the fastest task's next step.
     let all = match p.agent.get_key_value_dir(COUNTER_DIR).await {
         Ok(all) => all,

@@ -32,6 +32,7 @@ pub mod data;
 pub mod jax;
 pub mod link;
 pub mod tf;
+pub mod tf_conformance;
 pub mod tfdata;
 pub mod venv;
 

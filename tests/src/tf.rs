@@ -41,19 +41,52 @@ impl Tf {
         })
     }
 
-    /// Starts a worker in its own process group (killed with it when dropped).
+    /// Starts a worker of `tests/tf/mwms_worker.py` in its own process group (killed with it
+    /// when dropped).
     pub fn worker(&self, spec: &WorkerSpec) -> Worker {
+        let args = [
+            ("--steps", spec.steps.to_string()),
+            ("--step-sleep", spec.step_sleep.as_secs_f64().to_string()),
+            ("--run", spec.run.clone()),
+        ];
+        self.spawn_worker("mwms_worker.py", spec, &args)
+    }
+
+    /// Starts a worker of `tests/tf/preemption_worker.py`: it trains until `spec.steps` run
+    /// calls in all (this run's and those restored from `checkpoint_dir`).
+    pub fn preemption_worker(&self, spec: &WorkerSpec, checkpoint_dir: &Path) -> Worker {
+        let args = [
+            ("--steps", spec.steps.to_string()),
+            ("--step-sleep", spec.step_sleep.as_secs_f64().to_string()),
+            ("--checkpoint-dir", checkpoint_dir.display().to_string()),
+        ];
+        self.spawn_worker("preemption_worker.py", spec, &args)
+    }
+
+    fn spawn_worker(&self, script: &str, spec: &WorkerSpec, args: &[(&str, String)]) -> Worker {
+        let mut all = vec![
+            "--workers".to_string(),
+            spec.workers.join(","),
+            "--index".into(),
+            spec.index.to_string(),
+            "--coordinator".into(),
+            spec.coordinator.clone(),
+        ];
+        for (flag, value) in args {
+            all.extend([flag.to_string(), value.clone()]);
+        }
+        self.script(script, &all, spec.index)
+    }
+
+    /// Starts `tests/tf/<script>` with `args` in its own process group (killed with it when
+    /// dropped); `index` names it in messages.
+    pub fn script(&self, script: &str, args: &[String], index: usize) -> Worker {
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tf")
-            .join("mwms_worker.py");
+            .join(script);
         let mut cmd = Command::new(&self.python);
         cmd.arg(script)
-            .args(["--workers", &spec.workers.join(",")])
-            .args(["--index", &spec.index.to_string()])
-            .args(["--coordinator", &spec.coordinator])
-            .args(["--steps", &spec.steps.to_string()])
-            .args(["--step-sleep", &spec.step_sleep.as_secs_f64().to_string()])
-            .args(["--run", &spec.run])
+            .args(args)
             .env("PYTHONUNBUFFERED", "1")
             .env("TF_CPP_MIN_LOG_LEVEL", "2")
             .stdin(Stdio::null())
@@ -72,7 +105,7 @@ impl Tf {
             }
         });
         Worker {
-            index: spec.index,
+            index,
             proc: Guarded { child },
             events,
         }
@@ -121,6 +154,11 @@ impl Worker {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
+    }
+
+    /// SIGTERM to the worker's Python process alone, as a cluster manager's preemption sends it.
+    pub fn terminate(&self) {
+        crate::cluster::send_signal(i64::from(self.proc.child.id()), "TERM");
     }
 
     /// kill -9 of the worker (and whatever it started).

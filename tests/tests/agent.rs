@@ -103,6 +103,45 @@ async fn errors_reach_the_callback_and_reset_recovers() {
     assert!(e.is_ok(), "b can reset too: {e:?}");
 }
 
+/// As TensorFlow's agent: a task has one error until it resets; a second report is refused and
+/// changes nothing, here or at the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_error_report_is_refused_and_the_first_error_stays() {
+    let env = Env::start(3, &["--job", "worker=1"]).await;
+    let (a, errors) = agent(&env, 0);
+    a.connect().await.expect("connect");
+    a.report_error(&Status::internal("loss is NaN"))
+        .await
+        .expect("first report");
+    assert_eq!(a.state(), AgentState::Error);
+    let e = a
+        .report_error(&Status::unavailable("the GPU fell off the bus"))
+        .await
+        .expect_err("already in error");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("worker/0"), "names the task: {e:?}");
+    assert!(e.message().contains("already in error"), "{e:?}");
+    let kept = a.error().expect("the agent's error");
+    assert_eq!(kept.code(), Code::Internal);
+    assert_eq!(kept.message(), "loss is NaN");
+    assert_eq!(
+        errors.lock().expect("lock").len(),
+        1,
+        "the callback ran once"
+    );
+    let status = a.task_status("worker", 0).await.expect("status");
+    let at_service = status.error.expect("the service has the task's error");
+    assert!(
+        at_service.message().contains("loss is NaN"),
+        "the service kept the first error: {at_service:?}"
+    );
+    // After a reset the task may fail again.
+    a.reset().await.expect("reset");
+    a.report_error(&Status::internal("diverged"))
+        .await
+        .expect("a report after the reset");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_task_puts_the_old_incarnation_in_error() {
     let env = Env::start(3, &["--job", "worker=1"]).await;
@@ -161,23 +200,6 @@ async fn key_values() {
         a.try_get_key_value("cfg/missing").await.expect("try get"),
         None
     );
-    // An async get, cancelled, never calls back; another one is answered by a later insert.
-    let called = Arc::new(Mutex::new(None));
-    let c = called.clone();
-    let cancelled =
-        a.get_key_value_async("never", move |r| *c.lock().expect("lock") = Some(r.is_ok()));
-    cancelled.cancel();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let _h = a.get_key_value_async("soon", move |r| drop(tx.send(r)));
-    a.insert_key_value("soon", "here").await.expect("insert");
-    assert_eq!(
-        rx.await.expect("callback").expect("value"),
-        Bytes::from("here")
-    );
-    assert!(
-        called.lock().expect("lock").is_none(),
-        "a cancelled get called back"
-    );
     assert_eq!(a.increment_key_value("count", 5).await.expect("incr"), 5);
     assert_eq!(a.increment_key_value("count", -2).await.expect("incr"), 3);
     a.insert_key_value("cfg/bs", "32").await.expect("insert");
@@ -188,6 +210,58 @@ async fn key_values() {
     );
     a.delete_key_value("cfg").await.expect("delete");
     assert!(a.get_key_value_dir("cfg").await.expect("dir").is_empty());
+}
+
+/// As TensorFlow's agent: an async get calls back exactly once, with CANCELLED if it was cancelled
+/// first, with the value if that came first (a later cancel changes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_gets_call_back_exactly_once() {
+    let env = Env::start(3, &["--job", "worker=1"]).await;
+    let (a, _) = agent(&env, 0);
+    type Calls = Arc<Mutex<Vec<Result<Bytes, Status>>>>;
+    let recorder = |calls: &Calls| {
+        let calls = calls.clone();
+        move |r: Result<Bytes, Status>| calls.lock().expect("lock").push(r)
+    };
+
+    let cancelled: Calls = Arc::default();
+    let h = a.get_key_value_async("never", recorder(&cancelled));
+    h.cancel();
+    eventually("the cancelled get's callback", || {
+        !cancelled.lock().expect("lock").is_empty()
+    })
+    .await;
+    eventually("the cancelled get to finish", || h.is_finished()).await;
+    h.cancel();
+    {
+        let got = cancelled.lock().expect("lock");
+        assert_eq!(got.len(), 1, "called back once: {got:?}");
+        let e = got[0].as_ref().expect_err("cancelled");
+        assert_eq!(e.code(), Code::Cancelled, "{e:?}");
+        assert!(e.message().contains("never"), "names the key: {e:?}");
+    }
+
+    let answered: Calls = Arc::default();
+    let h = a.get_key_value_async("soon", recorder(&answered));
+    a.insert_key_value("soon", "here").await.expect("insert");
+    eventually("the answered get to finish", || h.is_finished()).await;
+    h.cancel();
+    {
+        let got = answered.lock().expect("lock");
+        assert_eq!(got.len(), 1, "called back once: {got:?}");
+        assert_eq!(got[0].as_ref().expect("value"), &Bytes::from("here"));
+    }
+
+    // Dropping the handle does not cancel the get.
+    let dropped: Calls = Arc::default();
+    drop(a.get_key_value_async("later", recorder(&dropped)));
+    a.insert_key_value("later", "still").await.expect("insert");
+    eventually("the get whose handle was dropped", || {
+        !dropped.lock().expect("lock").is_empty()
+    })
+    .await;
+    let got = dropped.lock().expect("lock");
+    assert_eq!(got[0].as_ref().expect("value"), &Bytes::from("still"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -141,7 +141,8 @@ async fn task_dead_before_the_barrier_fails_it_cleanly() {
     assert_eq!(code(1), Some(Some(3)));
 }
 
-/// In-process agents of a 3-task job on a real ensemble, each with a manager and its events.
+/// In-process agents of a 3-task job on a real ensemble; the first tasks each with a manager and
+/// its events.
 struct Job {
     _cluster: Cluster,
     agents: Vec<Agent>,
@@ -153,6 +154,12 @@ struct Job {
 }
 
 async fn in_process_job() -> Job {
+    in_process_job_with(PreemptionOptions::default(), 3).await
+}
+
+/// A job whose first `managed` tasks run a manager with `options`; the others are connected but
+/// have not started theirs, so the sync barrier waits for them.
+async fn in_process_job_with(options: PreemptionOptions, managed: i32) -> Job {
     let mut cluster = Cluster::start(ClusterOptions {
         extra_args: ["--job", "worker=3", "--recoverable-job", "worker"]
             .map(String::from)
@@ -175,13 +182,17 @@ async fn in_process_job() -> Job {
         )
         .expect("agent");
         agent.connect().await.expect("connect");
+        if t >= managed {
+            job.agents.push(agent);
+            continue;
+        }
         let (notifier, notice) = ManualNotifier::new();
         let events: Arc<Mutex<Vec<PreemptionEvent>>> = Arc::default();
         let sink = events.clone();
         let m = PreemptionSyncManager::start(
             agent.clone(),
             Box::new(notifier),
-            PreemptionOptions::default(),
+            options.clone(),
             move |e| sink.lock().expect("events").push(e),
         );
         job.agents.push(agent);
@@ -314,4 +325,59 @@ async fn second_preemption_runs_a_second_round() {
         .step_until(|e| matches!(e, PreemptionEvent::NoticeReceived { round: 1, .. }))
         .await;
     assert!(seen.iter().all(|e| matches!(e, PreemptionEvent::NoticeReceived { death_time, .. } if *death_time == format_death_time(death))));
+}
+
+/// A task whose manager is dropped mid-round will never arrive at the sync barrier: the others'
+/// round fails at once (CANCELLED), not after the barrier's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_manager_mid_round_fails_the_round_for_the_others_at_once() {
+    let barrier_timeout = Duration::from_secs(60);
+    // Task 2 starts no manager: the barrier cannot pass before task 1's manager is dropped.
+    let mut job = in_process_job_with(
+        PreemptionOptions {
+            barrier_timeout,
+            ..PreemptionOptions::default()
+        },
+        2,
+    )
+    .await;
+    job.notices[0].notify(SystemTime::now() + Duration::from_secs(60));
+    // A task publishes its counter just before it joins the barrier.
+    let joining = tokio::time::Instant::now() + Duration::from_secs(30);
+    for t in [0, 1] {
+        let key = format!("{COUNTER_DIR}/job:worker/task:{t}");
+        while job.agents[0]
+            .try_get_key_value(&key)
+            .await
+            .expect("read")
+            .is_none()
+        {
+            assert!(
+                tokio::time::Instant::now() < joining,
+                "task {t} never reached the barrier: {:?}",
+                job.events
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let dropped = job.managers.remove(1);
+    job.events.remove(1);
+    job.notices.remove(1);
+    let since = tokio::time::Instant::now();
+    drop(dropped);
+    let failed = job
+        .step_until(|e| matches!(e, PreemptionEvent::Failed { round: 0, .. }))
+        .await;
+    assert!(
+        since.elapsed() < Duration::from_secs(20),
+        "the round failed only after {:?} (barrier timeout {barrier_timeout:?})",
+        since.elapsed()
+    );
+    let [PreemptionEvent::Failed { reason, .. }] = failed.as_slice() else {
+        panic!("one failure, of task 0: {failed:?}")
+    };
+    assert!(
+        reason.contains("cancelled") && reason.contains("task:1"),
+        "cancelled by the dropped task: {reason}"
+    );
 }

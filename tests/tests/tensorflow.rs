@@ -31,6 +31,14 @@ fn ensemble(n: usize) -> Cluster {
     })
 }
 
+/// Addresses for the `n` workers' own servers (MWMS's collectives go worker to worker).
+fn worker_addresses(n: usize) -> Vec<String> {
+    free_ports(n)
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect()
+}
+
 /// Starts the `n` workers of a job pointed at `coordinator`.
 fn start_job(
     tf: &Tf,
@@ -40,10 +48,7 @@ fn start_job(
     sleep: Duration,
     run: &str,
 ) -> Vec<Worker> {
-    let workers: Vec<String> = free_ports(n)
-        .into_iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
+    let workers = worker_addresses(n);
     (0..n)
         .map(|index| {
             tf.worker(&WorkerSpec {
@@ -206,10 +211,7 @@ async fn mwms_trains_through_two_leader_kills_behind_coord_proxy() {
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let endpoints = cluster.endpoints();
     let proxies: Vec<Sidecar> = (0..2).map(|_| Sidecar::start(&endpoints)).collect();
-    let workers: Vec<String> = free_ports(2)
-        .into_iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
+    let workers = worker_addresses(2);
     let steps = 250;
     let mut job: Vec<Worker> = (0..2)
         .map(|index| {
@@ -240,4 +242,108 @@ async fn mwms_trains_through_two_leader_kills_behind_coord_proxy() {
         cluster.spawn(leader);
     }
     trains_to_the_end(&mut job, steps).await;
+}
+
+/// The checkpoint a preempted worker reported writing: (step, total).
+async fn checkpointed(w: &mut Worker) -> (u64, f64) {
+    let e = w.wait_event("checkpointed", WORKER_PATIENCE).await;
+    let at = (
+        e["step"].as_u64().expect("step"),
+        e["total"].as_f64().expect("total"),
+    );
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(60)).await,
+        Some(42),
+        "worker {} exits with TensorFlow's restart code after its checkpoint",
+        w.index
+    );
+    at
+}
+
+/// "Survive chief preemption", for TensorFlow users: MWMS workers under TensorFlow's
+/// `PreemptionCheckpointHandler`, each through a coord-proxy sidecar. SIGTERM to the chief: the
+/// workers agree on a step through the service's keys, every one saves its checkpoint at that
+/// step and exits; the job started again on the same ensemble (a new run, whose keys start
+/// clean: TensorFlow's handler uses fixed key names) resumes from that step and trains to the
+/// end with the all-reduced total intact. With `kill_leader`, the coordinator leader is killed
+/// the moment the chief has written its checkpoint, and stays dead for the rerun.
+async fn chief_preempted(test: &str, kill_leader: bool) {
+    let Some(tf) = tf_or_skip(test) else {
+        return;
+    };
+    const N: usize = 2;
+    let mut cluster = ensemble(N);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let endpoints = cluster.endpoints();
+    let proxies: Vec<Sidecar> = (0..N).map(|_| Sidecar::start(&endpoints)).collect();
+    let dir = tempfile::tempdir().expect("checkpoint dir");
+    let start = |steps: u32| -> Vec<Worker> {
+        let workers = worker_addresses(N);
+        (0..N)
+            .map(|index| {
+                let spec = WorkerSpec {
+                    workers: workers.clone(),
+                    index,
+                    coordinator: proxies[index].addr.clone(),
+                    steps,
+                    step_sleep: Duration::from_millis(100),
+                    run: String::new(),
+                };
+                tf.preemption_worker(&spec, dir.path())
+            })
+            .collect()
+    };
+
+    let mut job = start(1_000_000);
+    for w in &job {
+        wait_step(w, 5).await;
+    }
+    job[0].terminate();
+    let (step, total) = checkpointed(&mut job[0]).await;
+    if kill_leader {
+        let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+        eprintln!("the chief checkpointed at step {step}: killing leader {leader}");
+        cluster.kill(leader);
+    }
+    for w in &mut job[1..] {
+        assert_eq!(
+            checkpointed(w).await,
+            (step, total),
+            "worker {} saved at the chief's step",
+            w.index
+        );
+    }
+    let per_step = (1..=N).sum::<usize>() as f64;
+    assert_eq!(total, step as f64 * per_step, "the total of {step} steps");
+    eprintln!("every worker checkpointed at step {step}; starting the job again");
+
+    let more = 10;
+    let mut job = start(step as u32 + more);
+    for w in &mut job {
+        let resumed = w.wait_event("resumed", WORKER_PATIENCE).await;
+        assert_eq!(resumed["step"].as_u64(), Some(step), "worker {}", w.index);
+        assert_eq!(resumed["total"].as_f64(), Some(total), "worker {}", w.index);
+    }
+    for w in &mut job {
+        let done = w.wait_event("done", WORKER_PATIENCE).await;
+        assert_eq!(done["step"].as_u64(), Some(step + u64::from(more)));
+        assert_eq!(
+            done["total"].as_f64(),
+            Some(total + f64::from(more) * per_step),
+            "worker {}: {:?}",
+            w.index,
+            w.events()
+        );
+        assert_eq!(w.wait_exit(Duration::from_secs(60)).await, Some(0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_chief_checkpoints_and_the_job_resumes() {
+    chief_preempted("preempted_chief_checkpoints_and_the_job_resumes", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_chief_with_the_leader_killed_as_it_exits() {
+    chief_preempted("preempted_chief_with_the_leader_killed_as_it_exits", true).await;
 }

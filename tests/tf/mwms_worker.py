@@ -5,38 +5,16 @@ TF_CONFIG lists the ensemble's address (a replica, or a coord-proxy sidecar) as 
 `worker` tasks run. The worker exchanges keys, passes a barrier, then all-reduces every step;
 every event is a JSON line on stdout.
 """
-import argparse
-import json
-import os
 import sys
 import time
 
-p = argparse.ArgumentParser()
-p.add_argument("--workers", required=True, help="every worker's host:port, comma-separated")
-p.add_argument("--index", type=int, required=True)
-p.add_argument("--coordinator", required=True, help="host:port of a replica or a coord-proxy")
+from mwms_common import configure, parser
+
+p = parser(__doc__)
 p.add_argument("--steps", type=int, default=10)
-p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--run", default="run", help="names this run's keys and barriers")
 args = p.parse_args()
-
-workers = args.workers.split(",")
-os.environ["TF_CONFIG"] = json.dumps(
-    {
-        "cluster": {"worker": workers, "ps": [args.coordinator]},
-        "task": {"type": "worker", "index": args.index},
-    }
-)
-
-started = time.monotonic()
-
-
-def say(**kv):
-    kv["t"] = round(time.monotonic() - started, 3)
-    kv["wall"] = time.time()
-    kv["worker"] = args.index
-    print(json.dumps(kv), flush=True)
-
+workers, say = configure(args)
 
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.eager import context  # noqa: E402

@@ -19,7 +19,7 @@ use clap::{Parser, ValueEnum};
 use coord_agent::rendezvous::link::{self, LinkService, Links};
 use coord_agent::rendezvous::peers::{job_tasks, OnPeer, PeerEvent, PeerMonitor, PeerOptions};
 use coord_agent::rendezvous::{DType, ParsedKey, RendezvousMgr, Tensor, WorkerSession};
-use coord_agent::{Agent, AgentConfig, CoordClient};
+use coord_agent::{Agent, AgentConfig, AgentState, CoordClient};
 use tonic::transport::server::TcpIncoming;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -199,7 +199,8 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 started.elapsed().as_millis(),
                 error.message
             );
-            if let Some(agent) = agent.clone() {
+            // Once in ERROR (an earlier dead peer), the agent refuses further reports.
+            if let Some(agent) = agent.clone().filter(|a| a.state() != AgentState::Error) {
                 let status = tonic::Status::unavailable(error.message.clone());
                 tokio::spawn(async move {
                     if let Err(e) = agent.report_error(&status).await {

@@ -8,6 +8,7 @@
 
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
 use coord_raft_store::state::{
     alive_set_key, alive_wait_key, AliveAnswer, Cluster, Code, DeviceInfo, ErrorEvent, Outcome,
@@ -218,12 +219,15 @@ impl CoordCore {
     /// Answers a heartbeat from leader memory; returns the service incarnation. The task's state
     /// decides the answer: an error state is returned as the error.
     pub fn heartbeat(&self, task: &TaskName, incarnation: u64) -> Result<u64, CoordError> {
-        let outcome = self.with_cluster(|c| {
+        let (service, heard) = self.with_cluster(|c| {
             let Some(rec) = c.tasks.get(task) else {
                 return Err(CoordError::status(Code::InvalidArgument, c.config.why_unknown(task)));
             };
+            let grace = Duration::from_millis(c.config.heartbeat_timeout_ms);
             match rec.state {
-                TaskState::Connected if rec.incarnation == incarnation => Ok(c.service_incarnation),
+                TaskState::Connected if rec.incarnation == incarnation => {
+                    Ok((c.service_incarnation, true))
+                }
                 TaskState::Connected => Err(CoordError::status(
                     Code::Aborted,
                     format!(
@@ -231,7 +235,23 @@ impl CoordCore {
                         rec.incarnation
                     ),
                 )),
-                TaskState::Error => Err(task_error(task, rec)),
+                // ABORTED, as TensorFlow's service answers a task in error.
+                TaskState::Error => Err(CoordError::status(
+                    Code::Aborted,
+                    format!(
+                        "unexpected heartbeat from task {task}, which is already in error: {}",
+                        rec.error.as_ref().map_or("no error recorded", |e| e.message.as_str())
+                    ),
+                )),
+                // A heartbeat already on its way when the task disconnected: accepted for one
+                // heartbeat timeout, as TensorFlow's service does, and not counted as a sign of
+                // life (the task stays disconnected).
+                TaskState::Disconnected
+                    if rec.incarnation == incarnation
+                        && self.heartbeats.disconnected_within(task, grace) =>
+                {
+                    Ok((c.service_incarnation, false))
+                }
                 // INVALID_ARGUMENT, as TensorFlow's service answers.
                 TaskState::Disconnected => Err(CoordError::status(
                     Code::InvalidArgument,
@@ -239,8 +259,10 @@ impl CoordCore {
                 )),
             }
         })??;
-        self.heartbeats.record(task, incarnation);
-        Ok(outcome)
+        if heard {
+            self.heartbeats.record(task, incarnation);
+        }
+        Ok(service)
     }
 
     pub async fn report_error(
@@ -259,7 +281,10 @@ impl CoordCore {
     }
 
     pub async fn reset(&self, id: Option<RequestId>, task: TaskName) -> Result<(), CoordError> {
-        self.commit(id, Op::ResetTask { task }).await.map(|_| ())
+        self.commit(id, Op::ResetTask { task: task.clone() })
+            .await?;
+        self.heartbeats.disconnected(&task);
+        Ok(())
     }
 
     /// Disconnects the task; with a shutdown barrier configured, waits until every task is shutting
@@ -270,17 +295,19 @@ impl CoordCore {
         task: TaskName,
     ) -> Result<Option<Outcome>, CoordError> {
         let epoch = self.hub.barriers.epoch();
-        match self.commit(id, Op::ShutdownTask { task }).await? {
-            Output::Done => Ok(None),
+        let outcome = match self
+            .commit(id, Op::ShutdownTask { task: task.clone() })
+            .await?
+        {
+            Output::Done => None,
             Output::Barrier { counter, outcome } => match outcome {
-                Some(o) => Ok(Some(o)),
-                None => self
-                    .await_barrier(SHUTDOWN_BARRIER, counter, epoch)
-                    .await
-                    .map(Some),
+                Some(o) => Some(o),
+                None => Some(self.await_barrier(SHUTDOWN_BARRIER, counter, epoch).await?),
             },
-            other => Err(unexpected("ShutdownTask", &other)),
-        }
+            other => return Err(unexpected("ShutdownTask", &other)),
+        };
+        self.heartbeats.disconnected(&task);
+        Ok(outcome)
     }
 
     /// Records the task's devices and waits until every task has called WaitForAllTasks; returns
@@ -525,16 +552,5 @@ impl CoordCore {
             }
             Ok((c.service_incarnation, out))
         })?
-    }
-}
-
-/// The error a task in ERROR state is answered with.
-fn task_error(task: &TaskName, rec: &TaskRecord) -> CoordError {
-    match &rec.error {
-        Some(e) => CoordError::status(
-            e.code,
-            format!("task {task} is in error state: {}", e.message),
-        ),
-        None => CoordError::status(Code::Internal, format!("task {task} is in error state")),
     }
 }

@@ -30,12 +30,30 @@ struct Inner {
     since: Option<Instant>,
     /// Timeouts proposed and not yet seen applied, so each is proposed once.
     proposed: HashSet<(TaskName, u64)>,
+    /// When each task last disconnected through this leader (ShutdownTask, ResetTask).
+    disconnected: HashMap<TaskName, Instant>,
 }
 
 impl Heartbeats {
     pub fn record(&self, task: &TaskName, incarnation: u64) {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         g.last.insert(task.clone(), (incarnation, Instant::now()));
+    }
+
+    /// The task disconnected just now (its ShutdownTask or ResetTask committed).
+    pub fn disconnected(&self, task: &TaskName) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.disconnected.insert(task.clone(), Instant::now());
+    }
+
+    /// Whether the task disconnected through this leader less than `grace` ago: its agent may
+    /// still have a heartbeat on the way, which TensorFlow's service accepts for one heartbeat
+    /// timeout after the disconnect.
+    pub fn disconnected_within(&self, task: &TaskName, grace: Duration) -> bool {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.disconnected
+            .get(task)
+            .is_some_and(|at| at.elapsed() < grace)
     }
 
     /// How long ago the task was last heard from with `incarnation` (leader memory only).
@@ -51,6 +69,7 @@ impl Heartbeats {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         g.last.clear();
         g.proposed.clear();
+        g.disconnected.clear();
         g.since = Some(Instant::now());
     }
 

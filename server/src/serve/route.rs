@@ -30,6 +30,27 @@ use coord_proto::metadata::RequestSession;
 use crate::ops::limits::{ClientKey, Limits};
 use crate::ops::request_id::{self, FORWARDED_HEADER};
 
+/// How long before a caller's deadline its call is answered DEADLINE_EXCEEDED. tonic's server
+/// answers a call whose `grpc-timeout` expires CANCELLED, where gRPC (and TensorFlow's own
+/// service) answer DEADLINE_EXCEEDED: answering a little earlier gives the caller the right code.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(10);
+
+/// The deadline the caller set (`grpc-timeout`: digits and a unit), from when it arrived.
+fn caller_deadline<T>(req: &Request<T>) -> Option<Duration> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// Whether a request changes state (and therefore needs a request id).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -178,7 +199,20 @@ impl Router {
             patient,
             forwarded,
         };
-        let result = self.drive(call, req, local, remote).await;
+        let result = match caller_deadline(&req) {
+            // Answered before the transport's own timer fires, which would answer CANCELLED.
+            Some(d) => tokio::time::timeout(
+                d.saturating_sub(DEADLINE_MARGIN),
+                self.drive(call, req, local, remote),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "{method}: the caller's deadline ({d:?}) expired before the call completed"
+                )))
+            }),
+            None => self.drive(call, req, local, remote).await,
+        };
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record_rpc(method, code, started.elapsed());
         result.map(Response::new)
@@ -420,4 +454,48 @@ const TF_METHODS: [&str; 19] = [
 /// the mark coord's own clients send, such a call is held until a leader serves it.
 fn surface_of_agents_that_never_retry(method: &str) -> bool {
     method.starts_with("xla/") || TF_METHODS.contains(&method)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_timeout(v: &str) -> Request<()> {
+        let mut r = Request::new(());
+        r.metadata_mut()
+            .insert("grpc-timeout", v.parse().expect("ascii"));
+        r
+    }
+
+    #[test]
+    fn caller_deadlines_are_read_in_every_unit() {
+        assert_eq!(
+            caller_deadline(&with_timeout("300m")),
+            Some(Duration::from_millis(300))
+        );
+        assert_eq!(
+            caller_deadline(&with_timeout("2S")),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            caller_deadline(&with_timeout("1M")),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            caller_deadline(&with_timeout("1H")),
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(
+            caller_deadline(&with_timeout("5u")),
+            Some(Duration::from_micros(5))
+        );
+        assert_eq!(
+            caller_deadline(&with_timeout("7n")),
+            Some(Duration::from_nanos(7))
+        );
+        assert_eq!(caller_deadline(&with_timeout("")), None);
+        assert_eq!(caller_deadline(&with_timeout("m")), None);
+        assert_eq!(caller_deadline(&with_timeout("12x")), None);
+        assert_eq!(caller_deadline(&Request::new(())), None);
+    }
 }

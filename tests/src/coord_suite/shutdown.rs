@@ -70,7 +70,11 @@ pub async fn shutdown_barrier(replicas: usize) {
 }
 
 pub async fn shutdown_without_barrier(replicas: usize) {
-    let env = Env::start(replicas, &["--job", "worker=2"]).await;
+    let env = Env::start(
+        replicas,
+        &["--job", "worker=2", "--heartbeat-timeout-ms", "5000"],
+    )
+    .await;
     let c = &env.client.clone();
     register_all(c, 2).await;
     c.shutdown_task(&w(0)).await.expect("shutdown");
@@ -78,11 +82,32 @@ pub async fn shutdown_without_barrier(replicas: usize) {
         state_of(c, &w(0)).await,
         tf::CoordinatedTaskState::TaskstateDisconnected
     );
+    // A heartbeat already on its way when the task left is accepted for one heartbeat timeout,
+    // as TensorFlow's service accepts it, from that incarnation only; it does not reconnect.
+    c.heartbeat(&w(0), 100)
+        .await
+        .expect("a heartbeat within the grace after the disconnect");
     assert_code(
-        c.heartbeat(&w(0), 100).await,
+        c.heartbeat(&w(0), 999).await,
         Code::InvalidArgument,
         "not registered",
     );
+    assert_eq!(
+        state_of(c, &w(0)).await,
+        tf::CoordinatedTaskState::TaskstateDisconnected
+    );
+    // Then refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.heartbeat(&w(0), 100).await {
+            Err(s) if s.code() == Code::InvalidArgument => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "heartbeats still accepted 30 s after the disconnect: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     c.register_task(&w(0), 200)
         .await
         .expect("may register again");

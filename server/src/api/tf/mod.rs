@@ -24,11 +24,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
-use coord_raft_store::state::{DeviceInfo, ErrorEvent, TaskError};
+use coord_raft_store::state::{DeviceInfo, ErrorEvent};
 use prost::Message;
 
 use crate::api::payloads::{detailed_with, with_payloads};
-use crate::api::wire::{cluster_devices, devices_from, task_to};
+use crate::api::wire::{cluster_devices, devices_from, error_payload};
 use crate::error::{grpc_code, CoordError};
 use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use crate::serve::coordination::CoordCore;
@@ -102,14 +102,6 @@ async fn served<T>(
     f: impl std::future::Future<Output = Result<T, CoordError>>,
 ) -> Result<T, CoordError> {
     f.await.map_err(|e| detailed_with(e, None))
-}
-
-/// TensorFlow's payload for an error that happened in `e.source`.
-pub fn error_payload(e: &TaskError) -> tf::CoordinationServiceError {
-    tf::CoordinationServiceError {
-        is_reported_error: e.reported,
-        source_task: Some(task_to(&e.source)),
-    }
 }
 
 /// Another task's failure as an answer: its code and message, the failed task named in the

@@ -5,9 +5,7 @@ use coord_proto::tensorflow::coordination_service_server::CoordinationService;
 use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
-use super::{
-    client, device_info_of, devices_of, entry, error_payload, propagated, served, TfService,
-};
+use super::{client, device_info_of, devices_of, entry, propagated, served, TfService};
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{state_to, task_from, task_to, tasks_from};
 use crate::error::{grpc_code, CoordError};
@@ -384,9 +382,10 @@ impl CoordinationService for TfService {
                 Kind::Read,
                 req,
                 |m, _| async move {
-                    let (dir, entries) = kv.get_dir(&m.directory_key).await?;
+                    let (_, entries) = kv.get_dir(&m.directory_key).await?;
                     Ok(tf::GetKeyValueDirResponse {
-                        directory_key: dir,
+                        // TensorFlow's service leaves it unset.
+                        directory_key: String::new(),
                         kv: entries.into_iter().map(|(k, v)| entry(k, v)).collect(),
                     })
                 },
@@ -569,6 +568,10 @@ fn task_state_info(
         state: state_to(r.state) as i32,
         error_code: e.map_or(0, |e| grpc_code(e.code) as i32),
         error_message: e.map_or_else(String::new, |e| e.message.clone()),
-        error_payload: e.map(error_payload),
+        // As TensorFlow's service describes a task's error: the task itself, not "reported".
+        error_payload: e.map(|_| tf::CoordinationServiceError {
+            is_reported_error: false,
+            source_task: Some(task_to(t)),
+        }),
     }
 }
