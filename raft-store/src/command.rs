@@ -157,6 +157,12 @@ pub enum Op {
     EndRun {
         reason: String,
     },
+    /// RegisterTask from a task that says it is recoverable (TF's `CoordinatedTask.recoverable`,
+    /// set on every registration). A plain `RegisterTask` says it is not. Appended last.
+    RegisterRecoverableTask {
+        task: TaskName,
+        incarnation: u64,
+    },
 }
 
 impl fmt::Display for Op {
@@ -201,6 +207,9 @@ impl fmt::Display for Op {
             }
             Op::Dispatch(op) => write!(f, "dispatcher.{op}"),
             Op::EndRun { reason } => write!(f, "end_run({reason:?})"),
+            Op::RegisterRecoverableTask { task, incarnation } => {
+                write!(f, "register_recoverable({task}, {incarnation:#x})")
+            }
         }
     }
 }

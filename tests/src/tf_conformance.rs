@@ -200,11 +200,16 @@ impl Script {
     }
 
     async fn register(&mut self, step: &str, t: i32, incarnation: u64) {
+        self.register_as(step, task(t), incarnation).await;
+    }
+
+    async fn register_as(&mut self, step: &str, who: tf::CoordinatedTask, incarnation: u64) {
+        let t = who.task_id;
         let r = self
             .c(t)
             .register_task(tf::RegisterTaskRequest {
                 incarnation,
-                source_task: Some(task(t)),
+                source_task: Some(who),
             })
             .await;
         let o = match r {
@@ -539,11 +544,15 @@ impl Script {
             .collect();
         for (t, call) in TASKS.into_iter().zip(calls) {
             let r = call.await.expect("join");
+            // In no particular order: TensorFlow's comes from a hash set.
             self.kv("get_alive_tasks", t, r, |r| {
-                json!({
-                    "alive": r.alive_tasks.iter().map(|a| task_name(&Some(a.clone()))).collect::<Vec<_>>(),
-                    "incarnations": r.incarnations.len(),
-                })
+                let mut alive: Vec<Value> = r
+                    .alive_tasks
+                    .iter()
+                    .map(|a| task_name(&Some(a.clone())))
+                    .collect();
+                alive.sort_by_key(|v| v.to_string());
+                json!({"alive": alive, "incarnations": r.incarnations.len()})
             })
             .await;
         }
@@ -583,6 +592,39 @@ impl Script {
         self.task_state("task_state_after_reset", &[2]).await;
         self.register("register_after_reset", 2, self.inc(2) + 1)
             .await;
+        // Task 2's failure, above: the ensemble answers task 1's heartbeats with it (that is how
+        // TF 2.21's agents learn of it here), where TensorFlow's service pushes it.
+        self.heartbeat("heartbeat_after_another_task_failed", task(1), self.inc(1))
+            .await;
+        // A task that says it is recoverable restarts without failing, and fails alone.
+        let recoverable = tf::CoordinatedTask {
+            recoverable: true,
+            ..task(2)
+        };
+        self.register_as(
+            "register_recoverable_restarted",
+            recoverable.clone(),
+            self.inc(2) + 2,
+        )
+        .await;
+        let r = self
+            .c(2)
+            .report_error_to_service(tf::ReportErrorToServiceRequest {
+                error_code: Code::Internal as i32,
+                error_message: "conformance: recoverable task 2 failed".into(),
+                error_origin: Some(recoverable.clone()),
+            })
+            .await;
+        self.kv("report_error_recoverable", 2, r, |_| json!(null))
+            .await;
+        self.task_state("task_state_recoverable_error", &[2]).await;
+        // Out of a reported error (not a lost connection) only through a reset, recoverable or not.
+        self.register_as(
+            "register_recoverable_out_of_an_error",
+            recoverable,
+            self.inc(2) + 3,
+        )
+        .await;
         let r = self
             .c(1)
             .shutdown_task(tf::ShutdownTaskRequest {

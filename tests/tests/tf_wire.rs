@@ -110,6 +110,16 @@ fn deviations() -> Vec<(&'static str, i64, Value, Value)> {
             "type.googleapis.com/tensorflow.CoordinationServiceError": no_task}}),
         json!({"err": "CALLER_DEADLINE", "payloads": {}}),
     ));
+    // Another task's failure answers a connected task's heartbeats: TF 2.21's agents take it as
+    // they take TensorFlow's push (README, "A failed task fails the others").
+    out.push((
+        "heartbeat_after_another_task_failed",
+        1,
+        json!({"ok": {"leader_incarnation": "the service's"}}),
+        json!({"err": "INTERNAL", "payloads": {
+            "type.googleapis.com/tensorflow.CoordinationServiceError":
+                {"is_reported_error": true, "source_task": "/job:worker/task:2"}}}),
+    ));
     // Sent to TensorFlow's service, it reaches the agent of the task hosting it; a replica is no
     // task's agent.
     out.push((

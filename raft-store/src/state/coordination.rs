@@ -14,6 +14,8 @@
 //! - `xla`: XLA's additions: registration at a barrier, GetAliveTasks rounds, the WatchTasks
 //!   version.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use super::alive::AliveQueries;
@@ -51,6 +53,10 @@ pub struct Cluster {
     pub alive: AliveQueries,
     /// Bumped whenever any task's record changes (XLA's WatchTasks version).
     pub task_version: u64,
+    /// Tasks whose latest registration said they are recoverable (as TF sets it, per
+    /// registration), beside the jobs `--recoverable-job` names. Last: snapshots of formats 1
+    /// and 2 lack it.
+    pub recoverable_tasks: BTreeSet<TaskName>,
 }
 
 fn status(code: Code, message: String) -> OpError {
@@ -71,7 +77,15 @@ impl Cluster {
             errors: ErrorFeed::default(),
             alive: AliveQueries::default(),
             task_version: 0,
+            recoverable_tasks: BTreeSet::new(),
         }
+    }
+
+    /// Whether `task` is recoverable: its job is (`--recoverable-job`), or its latest
+    /// registration said so. A recoverable task may register again with a new incarnation while
+    /// connected or in error, and its errors are not propagated to the other tasks.
+    pub fn is_recoverable(&self, task: &TaskName) -> bool {
+        self.config.is_recoverable(task) || self.recoverable_tasks.contains(task)
     }
 
     /// A new run of the job (see `runs`): every task record, barrier instance and GetAliveTasks
@@ -81,6 +95,7 @@ impl Cluster {
         self.tasks = TaskRegistry::new(&self.config);
         self.barriers = Barriers::default();
         self.alive = AliveQueries::default();
+        self.recoverable_tasks.clear();
         self.service_incarnation = service_incarnation;
         let tasks: Vec<TaskName> = self.config.all_tasks().collect();
         for task in tasks {

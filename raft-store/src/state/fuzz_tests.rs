@@ -55,6 +55,10 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
                 key,
                 delta: [i64::MAX, i64::MIN, 1, -1][(next() % 4) as usize],
             },
+            5 | 6 if next().is_multiple_of(4) => Op::RegisterRecoverableTask {
+                task,
+                incarnation: next() % 3,
+            },
             5 | 6 => Op::RegisterTask {
                 task,
                 incarnation: next() % 3,

@@ -124,6 +124,7 @@ impl CoordState {
             }
             op => {
                 if let Op::RegisterTask { task, incarnation }
+                | Op::RegisterRecoverableTask { task, incarnation }
                 | Op::RegisterAtBarrier {
                     task, incarnation, ..
                 } = op
@@ -177,7 +178,10 @@ fn apply_coordination(
     changes: &mut Vec<Change>,
 ) -> CommandResult {
     match op {
-        Op::RegisterTask { task, incarnation } => c.register(task, *incarnation, changes),
+        Op::RegisterTask { task, incarnation } => c.register(task, *incarnation, false, changes),
+        Op::RegisterRecoverableTask { task, incarnation } => {
+            c.register(task, *incarnation, true, changes)
+        }
         Op::RegisterAtBarrier {
             task,
             incarnation,

@@ -16,13 +16,13 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
-use crate::state::CoordState;
+use crate::state::{Cluster, CoordState};
 use crate::types::SnapshotMeta;
 
 use super::files;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
 const FILE_NAME: &str = "snapshot.bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -58,14 +58,50 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
         origin: origin.to_string(),
         reason,
     };
-    if files::version_of(bytes) == Some(1) {
-        let body = files::unframe(MAGIC, 1, bytes).map_err(corrupt)?;
-        let v1: SnapshotBodyV1 =
-            codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
-        return Ok(v1.into());
+    match files::version_of(bytes) {
+        Some(1) => {
+            let body = files::unframe(MAGIC, 1, bytes).map_err(corrupt)?;
+            let v1: SnapshotBodyV1 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v1.into());
+        }
+        Some(2) => {
+            let body = files::unframe(MAGIC, 2, bytes).map_err(corrupt)?;
+            let v2: SnapshotBodyV2 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v2.into());
+        }
+        _ => {}
     }
     let body = files::unframe(MAGIC, FORMAT_VERSION, bytes).map_err(corrupt)?;
     codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))
+}
+
+/// The cluster of formats 1 and 2: without per-task recoverability.
+#[derive(Deserialize)]
+struct ClusterV2 {
+    config: crate::state::ClusterConfig,
+    service_incarnation: u64,
+    tasks: crate::state::TaskRegistry,
+    barriers: crate::state::Barriers,
+    errors: crate::state::ErrorFeed,
+    alive: crate::state::AliveQueries,
+    task_version: u64,
+}
+
+impl From<ClusterV2> for Cluster {
+    fn from(c: ClusterV2) -> Self {
+        Cluster {
+            config: c.config,
+            service_incarnation: c.service_incarnation,
+            tasks: c.tasks,
+            barriers: c.barriers,
+            errors: c.errors,
+            alive: c.alive,
+            task_version: c.task_version,
+            recoverable_tasks: Default::default(),
+        }
+    }
 }
 
 /// A snapshot of format 1: the state without its runs.
@@ -79,7 +115,7 @@ struct SnapshotBodyV1 {
 struct StateV1 {
     kv: crate::state::KvStore,
     sessions: crate::state::SessionTable,
-    cluster: Option<crate::state::Cluster>,
+    cluster: Option<ClusterV2>,
     dispatcher: crate::dispatcher::DispatcherState,
 }
 
@@ -96,9 +132,47 @@ impl From<SnapshotBodyV1> for SnapshotBody {
             state: CoordState {
                 kv,
                 sessions,
-                cluster,
+                cluster: cluster.map(Cluster::from),
                 dispatcher,
                 runs: Default::default(),
+            },
+        }
+    }
+}
+
+/// A snapshot of format 2: runs, but no per-task recoverability.
+#[derive(Deserialize)]
+struct SnapshotBodyV2 {
+    meta: SnapshotMeta,
+    state: StateV2,
+}
+
+#[derive(Deserialize)]
+struct StateV2 {
+    kv: crate::state::KvStore,
+    sessions: crate::state::SessionTable,
+    cluster: Option<ClusterV2>,
+    dispatcher: crate::dispatcher::DispatcherState,
+    runs: crate::state::JobRuns,
+}
+
+impl From<SnapshotBodyV2> for SnapshotBody {
+    fn from(v2: SnapshotBodyV2) -> Self {
+        let StateV2 {
+            kv,
+            sessions,
+            cluster,
+            dispatcher,
+            runs,
+        } = v2.state;
+        SnapshotBody {
+            meta: v2.meta,
+            state: CoordState {
+                kv,
+                sessions,
+                cluster: cluster.map(Cluster::from),
+                dispatcher,
+                runs,
             },
         }
     }
@@ -201,6 +275,88 @@ mod tests {
         let read = decode(&files::frame(MAGIC, 1, &v1), "v1").expect("a format-1 snapshot reads");
         assert_eq!(read.state, b.state);
         assert_eq!(read.state.runs.number, 0);
+    }
+
+    /// A snapshot written before per-task recoverability (format 2), with a job's cluster and a
+    /// registered task in it, still reads, with no task recoverable.
+    #[test]
+    fn a_format_2_snapshot_reads_with_no_recoverable_task() {
+        use crate::command::{Command, Op, Proposal};
+        use crate::state::{
+            AliveQueries, Barriers, ClusterConfig, ErrorFeed, JobRuns, TaskName, TaskRegistry,
+        };
+        #[derive(Serialize)]
+        struct ClusterV2<'a> {
+            config: &'a ClusterConfig,
+            service_incarnation: u64,
+            tasks: &'a TaskRegistry,
+            barriers: &'a Barriers,
+            errors: &'a ErrorFeed,
+            alive: &'a AliveQueries,
+            task_version: u64,
+        }
+        #[derive(Serialize)]
+        struct V2<'a> {
+            meta: &'a SnapshotMeta,
+            kv: &'a crate::state::KvStore,
+            sessions: &'a crate::state::SessionTable,
+            cluster: Option<ClusterV2<'a>>,
+            dispatcher: &'a crate::dispatcher::DispatcherState,
+            runs: &'a JobRuns,
+        }
+        let mut b = body();
+        let mut changes = Vec::new();
+        let ops = vec![
+            Op::InitCluster {
+                config: ClusterConfig {
+                    jobs: [("w".to_string(), 2)].into_iter().collect(),
+                    ..ClusterConfig::default()
+                },
+                service_incarnation: 3,
+            },
+            Op::RegisterTask {
+                task: TaskName::new("w", 0),
+                incarnation: 7,
+            },
+        ];
+        for (i, op) in ops.into_iter().enumerate() {
+            let c = Command { request: None, op };
+            b.state
+                .apply(&Proposal::new(i as u64 + 1, vec![c]), &mut changes);
+        }
+        let s = &b.state;
+        let c = s.cluster.as_ref().expect("a cluster");
+        let v2 = codec::encode(
+            "snapshot",
+            &V2 {
+                meta: &b.meta,
+                kv: &s.kv,
+                sessions: &s.sessions,
+                cluster: Some(ClusterV2 {
+                    config: &c.config,
+                    service_incarnation: c.service_incarnation,
+                    tasks: &c.tasks,
+                    barriers: &c.barriers,
+                    errors: &c.errors,
+                    alive: &c.alive,
+                    task_version: c.task_version,
+                }),
+                dispatcher: &s.dispatcher,
+                runs: &s.runs,
+            },
+        )
+        .expect("encode");
+        let read = decode(&files::frame(MAGIC, 2, &v2), "v2").expect("a format-2 snapshot reads");
+        assert_eq!(read.state, b.state);
+        let cluster = read.state.cluster.expect("the cluster");
+        assert!(cluster.recoverable_tasks.is_empty());
+        assert_eq!(
+            cluster
+                .tasks
+                .get(&TaskName::new("w", 0))
+                .map(|r| r.incarnation),
+            Some(7)
+        );
     }
 
     #[test]

@@ -54,16 +54,25 @@ impl CoordCore {
         })
     }
 
-    /// Registers the task; returns the service incarnation.
+    /// Registers the task, which says whether it is `recoverable` (TF sends it with every
+    /// registration); returns the service incarnation.
     pub async fn register(
         &self,
         id: Option<RequestId>,
         task: TaskName,
         incarnation: u64,
+        recoverable: bool,
     ) -> Result<u64, CoordError> {
-        let op = Op::RegisterTask {
-            task: task.clone(),
-            incarnation,
+        let op = if recoverable {
+            Op::RegisterRecoverableTask {
+                task: task.clone(),
+                incarnation,
+            }
+        } else {
+            Op::RegisterTask {
+                task: task.clone(),
+                incarnation,
+            }
         };
         match self.commit(id, op).await? {
             Output::Registered {
@@ -180,7 +189,9 @@ impl CoordCore {
 
     /// The first error `task` must learn of since it last registered, if it is connected and there
     /// is one, from this (leader) replica's applied state: a heartbeat's answer (TensorFlow's
-    /// agents learn of other tasks' failures that way, see `api::tf`).
+    /// agents learn of other tasks' failures that way, see `api::tf`). Every heartbeat is
+    /// answered with it until the task registers again: answered once only, TensorFlow 2.21's
+    /// agent never acted on it (`tests/tests/tensorflow.rs::a_killed_worker_fails_the_others`).
     pub fn unseen_error(&self, task: &TaskName) -> Result<Option<ErrorEvent>, CoordError> {
         self.with_cluster(|c| {
             c.tasks

@@ -14,21 +14,25 @@ use crate::state::cluster::TaskName;
 use crate::state::tasks::{DeviceInfo, TaskError, TaskRecord, TaskState};
 
 impl Cluster {
+    /// Registers `task`; `recoverable` is what this registration says of it (TF sets the flag
+    /// anew on every registration, before judging it).
     pub(crate) fn register(
         &mut self,
         task: &TaskName,
         incarnation: u64,
+        recoverable: bool,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
         self.require(task)?;
-        let recoverable = self.config.is_recoverable(task);
+        let says = recoverable;
+        let recoverable = says || self.config.is_recoverable(task);
         let registered = Ok(Output::Registered {
             service_incarnation: self.service_incarnation,
         });
         let Some(rec) = self.tasks.get_mut(task) else {
             return Err(status(Code::InvalidArgument, self.config.why_unknown(task)));
         };
-        match rec.state {
+        let result = match rec.state {
             TaskState::Connected if rec.incarnation == incarnation => registered,
             TaskState::Disconnected => {
                 *rec = TaskRecord {
@@ -41,7 +45,24 @@ impl Cluster {
                 changes.push(Change::TaskChanged { task: task.clone() });
                 registered
             }
-            TaskState::Connected | TaskState::Error if recoverable => {
+            // As TensorFlow's service: a recoverable task reconnects over its old incarnation,
+            // and out of ERROR too when that error is a lost connection (UNAVAILABLE: its
+            // heartbeats stopped); any other error must be reset first.
+            TaskState::Connected if recoverable => {
+                rec.state = TaskState::Connected;
+                rec.incarnation = incarnation;
+                rec.error = None;
+                rec.errors_seen_at_register = self.errors.last_seq();
+                changes.push(Change::TaskChanged { task: task.clone() });
+                registered
+            }
+            TaskState::Error
+                if recoverable
+                    && rec
+                        .error
+                        .as_ref()
+                        .is_some_and(|e| e.code == Code::Unavailable) =>
+            {
                 rec.state = TaskState::Connected;
                 rec.incarnation = incarnation;
                 rec.error = None;
@@ -76,7 +97,17 @@ impl Cluster {
                     format!("task {task} is in error state{why}; reset it (ResetTask) before it registers again"),
                 ))
             }
+        };
+        // What the registration said of the task holds once it is registered (a refused one
+        // changes nothing).
+        if result.is_ok() {
+            if says {
+                self.recoverable_tasks.insert(task.clone());
+            } else {
+                self.recoverable_tasks.remove(task);
+            }
         }
+        result
     }
 
     /// A task reported an error of its own (ReportErrorToService).
@@ -149,7 +180,7 @@ impl Cluster {
                 self.finished(&id, counter, changes);
             }
         }
-        if !self.config.is_recoverable(task) {
+        if !self.is_recoverable(task) {
             let seq = self.errors.push(error, None);
             changes.push(Change::ErrorRaised { seq });
         }

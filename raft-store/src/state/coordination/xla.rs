@@ -46,7 +46,8 @@ impl Cluster {
                 format!("task {task} is not one of the tasks of the register barrier"),
             ));
         }
-        self.register(task, incarnation, changes)?;
+        // XLA's schema has no recoverable flag: its jobs are recoverable by `--recoverable-job`.
+        self.register(task, incarnation, false, changes)?;
         let timeout = self.config.register_timeout_ms;
         self.arrive(
             REGISTER_BARRIER,

@@ -87,6 +87,76 @@ fn registration_rules() {
     );
 }
 
+/// TensorFlow's `CoordinatedTask.recoverable`, sent with each registration: a task of a job that
+/// is not recoverable becomes so by saying it is, and stops being so by saying it is not.
+#[test]
+fn a_task_says_at_registration_whether_it_is_recoverable() {
+    let mut s = cluster(2);
+    register(&mut s, w(1), 50).expect("register");
+    let recoverable = |incarnation| Op::RegisterRecoverableTask {
+        task: w(0),
+        incarnation,
+    };
+    assert!(run(&mut s, 0, recoverable(1)).is_ok());
+    // A new incarnation while connected: it just reconnects, and nobody is told.
+    let (r, changes) = run_changes(&mut s, 0, recoverable(2));
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(state_of(&s, &w(0)), TaskState::Connected);
+    assert!(!changes
+        .iter()
+        .any(|c| matches!(c, Change::ErrorRaised { .. })));
+    // Its errors are not propagated either.
+    let (r, changes) = run_changes(
+        &mut s,
+        0,
+        Op::ReportError {
+            task: w(0),
+            code: Code::Internal,
+            message: "recoverable failure".into(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert!(!changes
+        .iter()
+        .any(|c| matches!(c, Change::ErrorRaised { .. })));
+    // Out of a reported error only through a reset, as in TensorFlow.
+    assert_eq!(
+        code_of(&run(&mut s, 0, recoverable(3))),
+        Some(Code::Aborted)
+    );
+    assert_eq!(state_of(&s, &w(0)), TaskState::Error);
+    assert!(run(&mut s, 0, Op::ResetTask { task: w(0) }).is_ok());
+    assert!(run(&mut s, 0, recoverable(3)).is_ok());
+    // Out of a lost connection (its heartbeats stopped) it registers again at once.
+    assert!(run(
+        &mut s,
+        0,
+        Op::HeartbeatTimeout {
+            task: w(0),
+            incarnation: 3,
+            silent_ms: 20_000,
+        }
+    )
+    .is_ok());
+    assert_eq!(state_of(&s, &w(0)), TaskState::Error);
+    assert!(run(&mut s, 0, recoverable(4)).is_ok());
+    assert_eq!(state_of(&s, &w(0)), TaskState::Connected);
+    // A plain registration says it is not recoverable: a restart is then ABORTED and propagated.
+    assert!(register(&mut s, w(0), 4).is_ok());
+    let (r, changes) = run_changes(
+        &mut s,
+        0,
+        Op::RegisterTask {
+            task: w(0),
+            incarnation: 5,
+        },
+    );
+    assert_eq!(code_of(&r), Some(Code::Aborted));
+    assert!(changes
+        .iter()
+        .any(|c| matches!(c, Change::ErrorRaised { .. })));
+}
+
 #[test]
 fn reported_errors_reach_everyone_else_and_fail_their_barriers() {
     let mut s = cluster(3);

@@ -104,6 +104,29 @@ async fn served<T>(
     f.await.map_err(|e| detailed_with(e, None))
 }
 
+/// A registration refused ABORTED (a restart of a connected task, or a task in error): the
+/// registering task named in the payload, as TensorFlow's service names it.
+fn refused_registration(e: CoordError, task: &coord_raft_store::state::TaskName) -> CoordError {
+    let aborted = matches!(
+        &e,
+        CoordError::Op(coord_raft_store::OpError::Status { code, .. })
+            if *code == coord_raft_store::state::Code::Aborted
+    );
+    if !aborted {
+        return e;
+    }
+    let payload = tf::CoordinationServiceError {
+        is_reported_error: false,
+        source_task: Some(crate::api::wire::task_to(task)),
+    };
+    with_payloads(
+        tonic::Code::Aborted,
+        e.to_string(),
+        payload.encode_to_vec(),
+        None,
+    )
+}
+
 /// Another task's failure as an answer: its code and message, the failed task named in the
 /// payload (what TF's agent gets from a pushed `ReportErrorToTask`).
 fn propagated(e: &ErrorEvent) -> CoordError {

@@ -5,7 +5,9 @@ use coord_proto::tensorflow::coordination_service_server::CoordinationService;
 use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
-use super::{client, device_info_of, devices_of, entry, propagated, served, TfService};
+use super::{
+    client, device_info_of, devices_of, entry, propagated, refused_registration, served, TfService,
+};
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{state_to, task_from, task_to, tasks_from};
 use crate::error::{grpc_code, CoordError};
@@ -32,7 +34,11 @@ impl CoordinationService for TfService {
                 |m, id| {
                     served(async move {
                         let task = task_from(m.source_task.as_ref(), "source_task")?;
-                        let leader_incarnation = core.register(id, task, m.incarnation).await?;
+                        let recoverable = m.source_task.as_ref().is_some_and(|t| t.recoverable);
+                        let leader_incarnation = core
+                            .register(id, task.clone(), m.incarnation, recoverable)
+                            .await
+                            .map_err(|e| refused_registration(e, &task))?;
                         Ok(tf::RegisterTaskResponse { leader_incarnation })
                     })
                 },
