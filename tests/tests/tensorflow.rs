@@ -139,6 +139,41 @@ async fn mwms_workers_train_on_the_ensemble() {
     trains_to_the_end(&mut job, 5).await;
 }
 
+/// Worker 1 of a 2-worker job, each worker pointed at its entry of `coordinators`, is killed
+/// mid-training; worker 0 must fail with an error naming it. Returns how long after the kill.
+async fn killed_worker_seen_after(tf: &Tf, workers: &[String], coordinators: &[String]) -> f64 {
+    let mut job: Vec<Worker> = (0..2)
+        .map(|index| {
+            tf.worker(&WorkerSpec {
+                workers: workers.to_vec(),
+                index,
+                coordinator: coordinators[index].clone(),
+                steps: 100_000,
+                step_sleep: Duration::from_millis(100),
+                run: "killed".into(),
+            })
+        })
+        .collect();
+    for w in &job {
+        w.wait_event("step", WORKER_PATIENCE).await;
+    }
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    job[1].kill();
+    let error = job[0].wait_event("error", Duration::from_secs(60)).await;
+    let after = wall(&error) - killed_at;
+    let message = error["message"].as_str().unwrap_or_default();
+    eprintln!("worker 0 failed {after:.1} s after worker 1's kill: {message}");
+    assert!(
+        message.contains("/job:worker/task:1"),
+        "the error names the dead task: {message}"
+    );
+    assert_eq!(job[0].wait_exit(Duration::from_secs(60)).await, Some(3));
+    after
+}
+
 /// A worker killed mid-training: the other learns of it from the service (as the answer to its
 /// next heartbeat) and fails, within the heartbeat timeout plus one heartbeat interval of the
 /// kill (TensorFlow's own service pushes the error at the timeout instead).
@@ -150,34 +185,51 @@ async fn a_killed_worker_fails_the_others() {
     // TF's agent: heartbeat timeout 10 s, a heartbeat every 5 s, and a 1 s pause before it acts
     // on a failed heartbeat; the service looks for silent tasks every 250 ms; and 1 s for the
     // abort to reach the training step and be printed.
-    const BOUND: Duration = Duration::from_secs(10 + 5 + 1 + 1);
+    const BOUND: f64 = 10.0 + 5.0 + 1.0 + 1.0;
     let mut cluster = ensemble(2);
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
     let via = cluster.replica(leader).grpc.to_string();
-    let mut job = start_job(&tf, 2, &via, 100_000, Duration::from_millis(100), "killed");
-    for w in &job {
-        w.wait_event("step", WORKER_PATIENCE).await;
-    }
-    let killed_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
-    job[1].kill();
-    let error = job[0]
-        .wait_event("error", BOUND + Duration::from_secs(30))
-        .await;
-    let after = wall(&error) - killed_at;
-    let message = error["message"].as_str().unwrap_or_default();
-    eprintln!("worker 0 failed {after:.1} s after worker 1's kill: {message}");
+    let after = killed_worker_seen_after(&tf, &worker_addresses(2), &[via.clone(), via]).await;
     assert!(
-        message.contains("/job:worker/task:1"),
-        "the error names the dead task: {message}"
+        after <= BOUND,
+        "worker 0 learned of worker 1's death {after:.1} s after the kill (bound {BOUND} s)"
     );
+}
+
+/// The same, each worker behind a coord-proxy told its task and the task's address
+/// (`--task`, `--push-errors-to`): the proxy pushes the error to the task as the ensemble commits
+/// it, as TensorFlow's own service does, so the survivor fails within the heartbeat timeout of
+/// the dead worker's last heartbeat, not a heartbeat interval later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_fails_the_others_at_once_through_pushing_proxies() {
+    let Some(tf) = tf_or_skip("a_killed_worker_fails_the_others_at_once_through_pushing_proxies")
+    else {
+        return;
+    };
+    // Heartbeat timeout 10 s after the dead worker's last heartbeat (sent before the kill), the
+    // service's 250 ms look, and 2 s for the push, the abort and its printing on a loaded machine.
+    const BOUND: f64 = 10.0 + 0.25 + 2.0;
+    let mut cluster = ensemble(2);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let endpoints = cluster.endpoints();
+    let workers = worker_addresses(2);
+    let proxies: Vec<Sidecar> = (0..2)
+        .map(|i| {
+            let extra = [
+                "--task".to_string(),
+                format!("worker:{i}"),
+                "--push-errors-to".into(),
+                workers[i].clone(),
+            ];
+            Sidecar::start_with(&endpoints, &extra)
+        })
+        .collect();
+    let via: Vec<String> = proxies.iter().map(|p| p.addr.clone()).collect();
+    let after = killed_worker_seen_after(&tf, &workers, &via).await;
     assert!(
-        after <= BOUND.as_secs_f64(),
-        "worker 0 learned of worker 1's death {after:.1} s after the kill (bound {BOUND:?})"
+        after <= BOUND,
+        "worker 0 learned of worker 1's death {after:.1} s after the kill (bound {BOUND} s)"
     );
-    assert_eq!(job[0].wait_exit(Duration::from_secs(60)).await, Some(3));
 }
 
 /// The same job three times in a row on one ensemble, with the same key names and barrier ids:

@@ -37,6 +37,14 @@ struct Cli {
     /// A call fails UNAVAILABLE only after no replica could serve it for this long.
     #[arg(long, default_value_t = 120)]
     unavailable_after_secs: u64,
+    /// The TensorFlow task this proxy serves (JOB:ID, e.g. worker:1); with --push-errors-to.
+    #[arg(long, requires = "push_errors_to")]
+    task: Option<String>,
+    /// That task's own gRPC address (its TF_CONFIG entry): the errors it must learn of are pushed
+    /// there (ReportErrorToTask) as the ensemble commits them, as TensorFlow's own service does,
+    /// instead of waiting for its next heartbeat.
+    #[arg(long, requires = "task")]
+    push_errors_to: Option<String>,
     /// TLS toward the ensemble; jaxlib's side (--listen) stays plain gRPC on localhost. Give the
     /// proxy the certificate of the task it serves.
     #[command(flatten)]
@@ -75,7 +83,24 @@ async fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let pushed = match (&cli.task, &cli.push_errors_to) {
+        (Some(t), Some(address)) => match coord_agent::proxy::push::parse_task(t) {
+            Ok(task) => Some((task, address.clone())),
+            Err(e) => {
+                eprintln!("coord-proxy: --task: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     client.find_leader().await;
+    if let Some((task, address)) = pushed {
+        tokio::spawn(coord_agent::proxy::push::push_errors(
+            client.clone(),
+            task,
+            address,
+        ));
+    }
     let listener = match tokio::net::TcpListener::bind(cli.listen).await {
         Ok(l) => l,
         Err(e) => {

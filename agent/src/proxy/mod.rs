@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::client::{Channel, CoordClient};
 
+pub mod push;
 pub mod tf;
 pub mod xla;
 
