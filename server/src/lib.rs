@@ -39,9 +39,11 @@ pub use replica::{Replica, StartError};
 
 /// Runs a replica until SIGINT or SIGTERM.
 pub async fn run(args: Args) -> Result<(), StartError> {
+    // First: a second process on this data directory must say so, not that its ports are taken.
+    let data_lock = ops::data_lock::DataLock::take(&args.data_dir)?;
     let grpc = replica::bind(args.listen, "gRPC, --listen").await?;
     let http = replica::bind(args.http_listen, "HTTP, --http-listen").await?;
-    let replica = Replica::open(args).await?;
+    let replica = Replica::open(args, data_lock).await?;
     replica.serve(grpc, http, shutdown_signal()).await
 }
 

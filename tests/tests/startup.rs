@@ -264,3 +264,49 @@ async fn a_damaged_record_in_an_older_log_segment_is_refused() {
         .await
         .expect("the other two still serve");
 }
+
+/// A second `coordinator` on a running replica's data directory exits non-zero at once, naming
+/// the process that holds it, and changes nothing: the replica keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_a_data_dir_is_refused_naming_the_holder() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    c.wait_for_leader(TIMEOUT).await;
+    let holder = c.pid(2).expect("replica 2 runs");
+    let bin =
+        coord_tools::process::workspace_binary("coord-server", "coordinator", Some("COORD_BIN"));
+    let mut second = std::process::Command::new(bin)
+        .args(c.args_of(2))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a second coordinator");
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(s) = second.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("the second coordinator on replica 2's data directory did not exit");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(second.stderr.as_mut().expect("piped stderr"), &mut stderr)
+        .expect("read stderr");
+    assert!(
+        !status.success(),
+        "it must exit non-zero; stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("is in use by another coordinator")
+            && stderr.contains(&format!("pid {holder}")),
+        "the refusal names the holder (pid {holder}); stderr:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // Replica 2 still serves.
+    let client =
+        CoordClient::new(ClientOptions::new(vec![c.replica(2).grpc.to_string()])).expect("client");
+    client.insert("after", "1", false).await.expect("insert");
+    assert!(c.is_running(2));
+}

@@ -1,7 +1,7 @@
 //! What an operator sets and reads.
 //!
 //! - [`config`]: flags and their validation; [`identity`]: the check that a data directory is this
-//!   replica's.
+//!   replica's; [`data_lock`]: one replica process per data directory.
 //! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do.
 //! - [`limits`]: per-client admission; [`request_id`]: request ids in metadata.
 //! - [`status`]: a replica's view of the ensemble; [`metrics`]: RPC counts and latencies, and the
@@ -9,6 +9,7 @@
 
 pub mod authz;
 pub mod config;
+pub mod data_lock;
 pub mod identity;
 pub mod limits;
 pub mod metrics;

@@ -69,6 +69,8 @@ pub struct Replica {
     pristine: bool,
     /// Owns the background loops; they stop when the replica is dropped.
     _tasks: TaskGuard,
+    /// This process's lock on the data directory, held for the replica's life.
+    _data_lock: crate::ops::data_lock::DataLock,
     /// The runtime the Raft core runs on (see `open`); shut down after Raft stops.
     raft_runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
     /// The gRPC port's TLS (`--tls-*`); `None` serves plain gRPC.
@@ -78,8 +80,12 @@ pub struct Replica {
 }
 
 impl Replica {
-    /// Opens the data directory and starts the Raft node (not yet serving).
-    pub async fn open(args: Args) -> Result<Self, StartError> {
+    /// Opens the data directory, which `data_lock` holds for this process, and starts the Raft
+    /// node (not yet serving).
+    pub async fn open(
+        args: Args,
+        data_lock: crate::ops::data_lock::DataLock,
+    ) -> Result<Self, StartError> {
         args.validate().map_err(StartError::Config)?;
         let tls = crate::ops::tls::from_args(&args).map_err(StartError::Tls)?;
         let authz = crate::ops::authz::Authz::new(tls.is_some(), &args.cluster_token);
@@ -239,6 +245,7 @@ impl Replica {
             ),
         );
         Ok(Self {
+            _data_lock: data_lock,
             args,
             raft,
             router,

@@ -24,6 +24,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Locked(#[from] crate::ops::data_lock::LockError),
+    #[error(transparent)]
     Open(#[from] OpenError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
