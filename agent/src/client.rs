@@ -289,12 +289,18 @@ impl CoordClient {
                 Some(leader) if leader != at => at = leader,
                 _ => {
                     at = (at + 1) % n;
-                    tokio::time::sleep(backoff).await;
+                    tokio::time::sleep(jittered(backoff)).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }
         }
     }
+}
+
+/// A retry pause drawn at random from [`d`/2, `d`]: thousands of clients that lost their leader
+/// together do not all come back in the same millisecond.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::Rng::gen_range(&mut rand::thread_rng(), 0.5..=1.0))
 }
 
 fn tf_client(ch: Channel) -> CoordinationServiceClient<Channel> {
@@ -325,4 +331,22 @@ fn describe(status: &Status) -> String {
         source = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_pauses_are_spread_over_the_upper_half_of_the_backoff() {
+        let d = Duration::from_millis(200);
+        let pauses: Vec<Duration> = (0..1000).map(|_| jittered(d)).collect();
+        assert!(pauses.iter().all(|p| *p >= d / 2 && *p <= d));
+        // Spread out, not one value: the lowest and highest of 1,000 draws are far apart.
+        let (lo, hi) = (pauses.iter().min(), pauses.iter().max());
+        assert!(
+            hi.zip(lo).is_some_and(|(h, l)| *h - *l > d / 4),
+            "{lo:?}..{hi:?}"
+        );
+    }
 }
