@@ -48,20 +48,13 @@ impl Cluster {
             // As TensorFlow's service: a recoverable task reconnects over its old incarnation,
             // and out of ERROR too when that error is a lost connection (UNAVAILABLE: its
             // heartbeats stopped); any other error must be reset first.
-            TaskState::Connected if recoverable => {
-                rec.state = TaskState::Connected;
-                rec.incarnation = incarnation;
-                rec.error = None;
-                rec.errors_seen_at_register = self.errors.last_seq();
-                changes.push(Change::TaskChanged { task: task.clone() });
-                registered
-            }
-            TaskState::Error
+            TaskState::Connected | TaskState::Error
                 if recoverable
-                    && rec
-                        .error
-                        .as_ref()
-                        .is_some_and(|e| e.code == Code::Unavailable) =>
+                    && (rec.state == TaskState::Connected
+                        || rec
+                            .error
+                            .as_ref()
+                            .is_some_and(|e| e.code == Code::Unavailable)) =>
             {
                 rec.state = TaskState::Connected;
                 rec.incarnation = incarnation;
