@@ -27,6 +27,22 @@ pub mod tensorflow {
     /// `grpc-status-details-bin`.
     pub mod distributed_runtime {
         tonic::include_proto!("tensorflow.distributed_runtime");
+
+        /// The payload every error of the coordination service carries (its presence tells an
+        /// answer of the service from a broken connection).
+        pub const COORDINATION_ERROR_URL: &str =
+            "type.googleapis.com/tensorflow.CoordinationServiceError";
+        /// The payload a barrier's error adds.
+        pub const BARRIER_ERROR_URL: &str = "type.googleapis.com/tensorflow.BarrierError";
+
+        /// The `CoordinationServiceError` in an error's details (`grpc-status-details-bin`), if
+        /// it carries one.
+        pub fn coordination_error(details: &[u8]) -> Option<super::CoordinationServiceError> {
+            use prost::Message;
+            let container = GrpcPayloadContainer::decode(details).ok()?;
+            let bytes = container.payloads.get(COORDINATION_ERROR_URL)?;
+            super::CoordinationServiceError::decode(&bytes[..]).ok()
+        }
     }
 }
 

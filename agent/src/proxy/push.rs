@@ -16,13 +16,10 @@ use std::time::Duration;
 
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
-use coord_proto::tensorflow::distributed_runtime::GrpcPayloadContainer;
-use prost::Message;
+use coord_proto::tensorflow::distributed_runtime::coordination_error;
 use tonic::{Code, Status};
 
 use crate::client::CoordClient;
-
-const COORDINATION_ERROR_URL: &str = "type.googleapis.com/tensorflow.CoordinationServiceError";
 
 /// How often the task's registration is looked at while there is nothing to poll.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -110,16 +107,9 @@ async fn poll(client: &CoordClient, task: &tf::CoordinatedTask) -> Result<Status
         .await;
     match answer {
         Ok(_) => Err(Status::internal("PollForError ended without an error")),
-        Err(s) if s.code() != Code::Ok && coordination_error(&s).is_some() => Ok(s),
+        Err(s) if s.code() != Code::Ok && coordination_error(s.details()).is_some() => Ok(s),
         Err(s) => Err(s),
     }
-}
-
-/// The `CoordinationServiceError` an answer of the service carries.
-fn coordination_error(s: &Status) -> Option<tf::CoordinationServiceError> {
-    let container = GrpcPayloadContainer::decode(s.details()).ok()?;
-    let bytes = container.payloads.get(COORDINATION_ERROR_URL)?;
-    tf::CoordinationServiceError::decode(&bytes[..]).ok()
 }
 
 /// `ReportErrorToTask` to the task's server, as TensorFlow's service sends it.
@@ -132,7 +122,7 @@ async fn push(address: &str, error: &Status) -> Result<(), Status> {
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("connect to {address}: {e}")))?;
-    let payload = coordination_error(error);
+    let payload = coordination_error(error.details());
     // The message as it was committed: TF's agent prefixes "Error reported from <task>" itself.
     let message = error
         .message()

@@ -19,8 +19,7 @@ use tonic::{Code, Status};
 
 use crate::error::CoordError;
 
-pub const COORDINATION_ERROR_URL: &str = "type.googleapis.com/tensorflow.CoordinationServiceError";
-pub const BARRIER_ERROR_URL: &str = "type.googleapis.com/tensorflow.BarrierError";
+pub use coord_proto::tensorflow::distributed_runtime::{BARRIER_ERROR_URL, COORDINATION_ERROR_URL};
 
 /// An answer with `code` and `message`, carrying `coordination_error` (an encoded
 /// `CoordinationServiceError`) and `extra` payloads.
