@@ -14,6 +14,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", f.display());
     }
     let fds = protox::compile(&files, [root])?;
+    // The compiled schema itself, so that a test can hold TensorFlow's messages up against the
+    // wheel's own descriptors (`tests/tf/tf_schema.py check`).
+    let out = PathBuf::from(std::env::var("OUT_DIR")?).join("coord_descriptors.bin");
+    std::fs::write(out, prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure()
         // Values and Raft payloads are handed around without copies.
         .bytes(".")

@@ -1,7 +1,10 @@
 //! coord-proto: every wire schema of coord, compiled by `build.rs` with `protox`.
 //!
 //! - [`tensorflow`]: `tensorflow.CoordinationService`, TensorFlow's coordination service schema,
-//!   including the fields TensorFlow added later (`allow_overwrite`, barrier `counter`).
+//!   including the fields TensorFlow added later (`allow_overwrite`, barrier `counter`); the
+//!   framework messages (`GraphDef`, `TensorProto`...) the tf.data service carries.
+//! - [`tensorflow::data`]: TensorFlow 2.21's tf.data service (`DispatcherService`,
+//!   `WorkerService`), written out of the wheel's own descriptors by `tests/tf/tf_schema.py`.
 //! - [`xla::coordination`]: `xla.coordination.CoordinationService`, what jaxlib 0.10+ speaks;
 //!   [`tensorflow::distributed_runtime`] carries its error details.
 //! - [`coord::raft`]: the Raft transport between replicas.
@@ -12,6 +15,8 @@
 //! - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
 //! - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
 //! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.
+//! - [`tf_dataset`]: the split providers TF 2.21's tf.data dispatcher makes for a client's
+//!   dataset graph (`DatasetDef`), and split `i` of each, derived without TensorFlow.
 //! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
 //! - [`fuzz`]: the deterministic random stream of the fuzz tests.
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
@@ -44,6 +49,22 @@ pub mod tensorflow {
             super::CoordinationServiceError::decode(&bytes[..]).ok()
         }
     }
+
+    /// The tf.data service: `tensorflow.data.DispatcherService` and `WorkerService`, with the
+    /// messages they carry (`TaskDef`, `DataServiceMetadata`, `ProcessingModeDef`...).
+    pub mod data {
+        tonic::include_proto!("tensorflow.data");
+
+        /// `snapshot.proto` (distributed snapshots, which coord does not serve).
+        pub mod experimental {
+            tonic::include_proto!("tensorflow.data.experimental");
+        }
+    }
+
+    /// `error_codes.proto`: the codes a `StatusProto` carries.
+    pub mod error {
+        tonic::include_proto!("tensorflow.error");
+    }
 }
 
 /// `xla.coordination.CoordinationService`: the service jaxlib 0.10+ clients speak.
@@ -74,9 +95,14 @@ pub mod coord {
     }
 }
 
+/// Every schema of this crate as a serialized `google.protobuf.FileDescriptorSet`.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/coord_descriptors.bin"));
+
 pub mod codec;
 pub mod conn;
 pub mod dataset;
 pub mod fuzz;
 pub mod metadata;
+pub mod tf_dataset;
 pub mod tls;
