@@ -19,6 +19,7 @@ use crate::state::alive::AliveAnswer;
 use crate::state::barriers::Outcome;
 use crate::state::cluster::{ClusterConfig, TaskName};
 use crate::state::tasks::DeviceInfo;
+use crate::tfdata::{TfDataOp, TfDataOutput};
 
 // The outcome vocabulary lives in the leaf `error` module; these paths stay for callers.
 pub use crate::error::{OpError, RequestId};
@@ -163,6 +164,9 @@ pub enum Op {
         task: TaskName,
         incarnation: u64,
     },
+    /// An update of TensorFlow's tf.data dispatcher (`tensorflow.data.DispatcherService`).
+    /// Appended last.
+    TfData(TfDataOp),
 }
 
 impl fmt::Display for Op {
@@ -210,6 +214,7 @@ impl fmt::Display for Op {
             Op::RegisterRecoverableTask { task, incarnation } => {
                 write!(f, "register_recoverable({task}, {incarnation:#x})")
             }
+            Op::TfData(op) => write!(f, "tfdata.{op}"),
         }
     }
 }
@@ -240,4 +245,6 @@ pub enum Output {
     },
     /// What a dispatcher update returned.
     Dispatch(DispatchOutput),
+    /// What an update of TensorFlow's dispatcher returned. Appended last.
+    TfData(TfDataOutput),
 }

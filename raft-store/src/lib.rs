@@ -11,6 +11,8 @@
 //! - [`stats`]: counters and histograms for metrics. A leaf.
 //! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal). Its
 //!   apply returns its own [`DispatchResult`](dispatcher::DispatchResult); it uses only `error`.
+//! - [`tfdata`]: TensorFlow's own tf.data dispatcher (`tensorflow.data.DispatcherService`), its
+//!   model and ids as TF 2.21 has them; like `dispatcher`, it uses only `error`.
 //! - [`state`]'s coordination records (`state::cluster`, `tasks`, `barriers`, `alive`): task
 //!   names, the cluster configuration, task records, barrier instances, GetAliveTasks rounds. They
 //!   use only `error` and know nothing of commands.
@@ -37,6 +39,7 @@ pub mod key;
 pub mod state;
 pub mod stats;
 pub mod storage;
+pub mod tfdata;
 pub mod types;
 
 pub use command::{Command, CommandResult, Op, Output, Proposal};

@@ -6,7 +6,8 @@
 //! ```
 //!
 //! TensorFlow (`TF_CONFIG`'s `ps:0`) and JAX connect to `--listen` as if it were their coordination
-//! service (see the README's "Point TensorFlow at it" and "Point JAX at it"); the proxy serves both
+//! service (see the README's "Point TensorFlow at it" and "Point JAX at it"), and TensorFlow's
+//! tf.data workers and clients as if it were their dispatcher; the proxy serves all three
 //! services there, follows the ensemble's leader and re-drives calls across failovers, so a
 //! replica's death never reaches them (see `coord_agent::proxy`).
 
@@ -15,9 +16,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use coord_agent::proxy::{tf::TfProxy, xla::XlaProxy};
+use coord_agent::proxy::{tf::TfProxy, tfdata::TfDataProxy, xla::XlaProxy};
 use coord_agent::CoordClient;
 use coord_proto::tensorflow::coordination_service_server::CoordinationServiceServer as TfServer;
+use coord_proto::tensorflow::data::dispatcher_service_server::DispatcherServiceServer;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationServiceServer;
 use tonic::codec::CompressionEncoding;
 
@@ -112,12 +114,16 @@ async fn run(cli: Cli) -> ExitCode {
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
-    let tf = TfServer::new(TfProxy::new(client))
+    let tf = TfServer::new(TfProxy::new(client.clone()))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+        .accept_compressed(CompressionEncoding::Gzip);
+    let tfdata = DispatcherServiceServer::new(TfDataProxy::new(client))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
     eprintln!(
-        "coord-proxy: serving tensorflow.CoordinationService and xla.coordination.CoordinationService on {} for {}",
+        "coord-proxy: serving tensorflow.CoordinationService, tensorflow.data.DispatcherService and xla.coordination.CoordinationService on {} for {}",
         cli.listen,
         cli.coordinators.join(",")
     );
@@ -128,6 +134,7 @@ async fn run(cli: Cli) -> ExitCode {
     match tonic::transport::Server::builder()
         .add_service(service)
         .add_service(tf)
+        .add_service(tfdata)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
     {

@@ -58,6 +58,7 @@ pub use crate::error::Code;
 use crate::command::{Command, CommandResult, Op, Output, Proposal};
 use crate::dispatcher::DispatcherState;
 use crate::error::OpError;
+use crate::tfdata::TfDataState;
 
 /// Everything the ensemble agrees on. A snapshot is exactly this value.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -68,8 +69,10 @@ pub struct CoordState {
     pub cluster: Option<Cluster>,
     /// The tf.data dispatcher.
     pub dispatcher: DispatcherState,
-    /// Which run of the job this is (last: snapshots of the first format lack it).
+    /// Which run of the job this is (snapshots of the first format lack it).
     pub runs: JobRuns,
+    /// TensorFlow's tf.data dispatcher (last: snapshots before format 4 lack it).
+    pub tfdata: TfDataState,
 }
 
 impl CoordState {
@@ -117,6 +120,7 @@ impl CoordState {
             }
             // The one place a dispatcher result becomes a command's result.
             Op::Dispatch(op) => self.dispatcher.apply(op, now_ms).map(Output::Dispatch),
+            Op::TfData(op) => self.tfdata.apply(op).map(Output::TfData),
             Op::EndRun { .. } if self.cluster.is_none() => Err(OpError::NoCluster),
             Op::EndRun { .. } => {
                 self.end_run(changes);
@@ -220,7 +224,8 @@ fn apply_coordination(
         | Op::KvIncrement { .. }
         | Op::InitCluster { .. }
         | Op::EndRun { .. }
-        | Op::Dispatch(_) => Err(OpError::Status {
+        | Op::Dispatch(_)
+        | Op::TfData(_) => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),
         }),

@@ -6,8 +6,9 @@
 //! to a follower, so the follower checks the same checksum before it installs anything.
 //!
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
-//! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state; a version-1 snapshot
-//! (written before runs existed) still reads, as run 0.
+//! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state, version 3 per-task
+//! recoverability, version 4 TensorFlow's tf.data dispatcher; older snapshots still read (as run
+//! 0, with no recoverable task, with an empty tf.data dispatcher).
 
 use std::fs;
 use std::io;
@@ -22,7 +23,7 @@ use crate::types::SnapshotMeta;
 use super::files;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 const FILE_NAME: &str = "snapshot.bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +71,12 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
             let v2: SnapshotBodyV2 =
                 codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
             return Ok(v2.into());
+        }
+        Some(3) => {
+            let body = files::unframe(MAGIC, 3, bytes).map_err(corrupt)?;
+            let v3: SnapshotBodyV3 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v3.into());
         }
         _ => {}
     }
@@ -135,6 +142,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
                 cluster: cluster.map(Cluster::from),
                 dispatcher,
                 runs: Default::default(),
+                tfdata: Default::default(),
             },
         }
     }
@@ -173,6 +181,46 @@ impl From<SnapshotBodyV2> for SnapshotBody {
                 cluster: cluster.map(Cluster::from),
                 dispatcher,
                 runs,
+                tfdata: Default::default(),
+            },
+        }
+    }
+}
+
+/// A snapshot of format 3: no tf.data dispatcher of TensorFlow's.
+#[derive(Deserialize)]
+struct SnapshotBodyV3 {
+    meta: SnapshotMeta,
+    state: StateV3,
+}
+
+#[derive(Deserialize)]
+struct StateV3 {
+    kv: crate::state::KvStore,
+    sessions: crate::state::SessionTable,
+    cluster: Option<Cluster>,
+    dispatcher: crate::dispatcher::DispatcherState,
+    runs: crate::state::JobRuns,
+}
+
+impl From<SnapshotBodyV3> for SnapshotBody {
+    fn from(v3: SnapshotBodyV3) -> Self {
+        let StateV3 {
+            kv,
+            sessions,
+            cluster,
+            dispatcher,
+            runs,
+        } = v3.state;
+        SnapshotBody {
+            meta: v3.meta,
+            state: CoordState {
+                kv,
+                sessions,
+                cluster,
+                dispatcher,
+                runs,
+                tfdata: Default::default(),
             },
         }
     }
@@ -357,6 +405,64 @@ mod tests {
                 .map(|r| r.incarnation),
             Some(7)
         );
+    }
+
+    /// A snapshot written before TensorFlow's tf.data dispatcher existed (format 3), with a key
+    /// and a cluster in it, still reads, with an empty dispatcher.
+    #[test]
+    fn a_format_3_snapshot_reads_with_an_empty_tf_dispatcher() {
+        use crate::command::{Command, Op, Proposal};
+        use crate::state::{ClusterConfig, JobRuns, TaskName};
+        #[derive(Serialize)]
+        struct V3<'a> {
+            meta: &'a SnapshotMeta,
+            kv: &'a crate::state::KvStore,
+            sessions: &'a crate::state::SessionTable,
+            cluster: &'a Option<crate::state::Cluster>,
+            dispatcher: &'a crate::dispatcher::DispatcherState,
+            runs: &'a JobRuns,
+        }
+        let mut b = body();
+        let mut changes = Vec::new();
+        let ops = vec![
+            Op::InitCluster {
+                config: ClusterConfig {
+                    jobs: [("w".to_string(), 1)].into_iter().collect(),
+                    ..ClusterConfig::default()
+                },
+                service_incarnation: 3,
+            },
+            Op::RegisterRecoverableTask {
+                task: TaskName::new("w", 0),
+                incarnation: 7,
+            },
+            Op::KvPut {
+                key: "k".into(),
+                value: bytes::Bytes::from("v"),
+                overwrite: false,
+            },
+        ];
+        for (i, op) in ops.into_iter().enumerate() {
+            let c = Command { request: None, op };
+            b.state
+                .apply(&Proposal::new(i as u64 + 1, vec![c]), &mut changes);
+        }
+        let s = &b.state;
+        let v3 = codec::encode(
+            "snapshot",
+            &V3 {
+                meta: &b.meta,
+                kv: &s.kv,
+                sessions: &s.sessions,
+                cluster: &s.cluster,
+                dispatcher: &s.dispatcher,
+                runs: &s.runs,
+            },
+        )
+        .expect("encode");
+        let read = decode(&files::frame(MAGIC, 3, &v3), "v3").expect("a format-3 snapshot reads");
+        assert_eq!(read.state, b.state);
+        assert_eq!(read.state.tfdata, crate::tfdata::TfDataState::default());
     }
 
     #[test]

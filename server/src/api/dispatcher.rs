@@ -1,6 +1,7 @@
 //! `coord.dispatcher.Dispatcher`: every call runs on the leader (a follower forwards it); updates
 //! carry the client's request id, so a retry after a leader change applies once (a GetSplit
-//! retried gets the split it was first given, never a second one).
+//! retried gets the split it was first given, never a second one). Its operator views (jobs,
+//! workers, journal) show TensorFlow's tf.data dispatcher too.
 
 use std::sync::Arc;
 
@@ -13,16 +14,29 @@ use tonic::{Request, Response, Status};
 use crate::raft::peers::PeerChannel;
 use crate::serve::dispatcher::DispatchCore;
 use crate::serve::route::{Kind, Router};
+use crate::serve::tfdata::TfDataCore;
 
 pub struct DispatcherService {
     router: Arc<Router>,
     core: Arc<DispatchCore>,
+    /// TensorFlow's dispatcher: its iterations and workers are listed beside coord's.
+    tfdata: Arc<TfDataCore>,
     log: LogStore,
 }
 
 impl DispatcherService {
-    pub fn new(router: Arc<Router>, core: Arc<DispatchCore>, log: LogStore) -> Self {
-        Self { router, core, log }
+    pub fn new(
+        router: Arc<Router>,
+        core: Arc<DispatchCore>,
+        tfdata: Arc<TfDataCore>,
+        log: LogStore,
+    ) -> Self {
+        Self {
+            router,
+            core,
+            tfdata,
+            log,
+        }
     }
 }
 
@@ -177,12 +191,17 @@ impl Dispatcher for DispatcherService {
         req: Request<pb::GetWorkersRequest>,
     ) -> Result<Response<pb::GetWorkersResponse>, Status> {
         let core = &*self.core;
+        let tfdata = &*self.tfdata;
         self.router
             .route(
                 "dispatcher/GetWorkers",
                 Kind::Read,
                 req,
-                |_, _| core.workers(),
+                |_, _| async move {
+                    let mut reply = core.workers().await?;
+                    reply.tf_workers = tfdata.worker_rows().await?;
+                    Ok(reply)
+                },
                 |ch, r| async move { client(ch).get_workers(r).await },
             )
             .await
@@ -193,12 +212,18 @@ impl Dispatcher for DispatcherService {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let core = &*self.core;
+        let tfdata = &*self.tfdata;
         self.router
             .route(
                 "dispatcher/ListJobs",
                 Kind::Read,
                 req,
-                |_, _| core.jobs(),
+                |_, _| async move {
+                    let mut reply = core.jobs().await?;
+                    (reply.tf_iterations, reply.tf_applied_updates) =
+                        tfdata.iteration_rows().await?;
+                    Ok(reply)
+                },
                 |ch, r| async move { client(ch).list_jobs(r).await },
             )
             .await

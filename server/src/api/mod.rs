@@ -7,6 +7,8 @@
 //! - [`coordination`]: `coord.coordination.Coordination`: error polling and task states for coord's
 //!   own agent.
 //! - [`dispatcher`]: `coord.dispatcher.Dispatcher`, the tf.data dispatcher.
+//! - [`tfdata`]: `tensorflow.data.DispatcherService`, as TensorFlow's tf.data workers and clients
+//!   speak it.
 //! - [`admin`]: `coord.admin.Admin`: status, tasks, barriers, snapshots, membership.
 //! - [`http`]: the HTTP port: health, readiness, status, metrics and the status page.
 //! - [`wire`]: conversions between TensorFlow's wire types and the state machine's.
@@ -21,5 +23,6 @@ pub mod kv;
 pub mod oversized;
 pub mod payloads;
 pub mod tf;
+pub mod tfdata;
 pub mod wire;
 pub mod xla;

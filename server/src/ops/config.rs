@@ -169,6 +169,12 @@ pub struct Args {
     #[arg(long, default_value_t = 300_000)]
     pub dispatcher_job_gc_timeout_ms: u64,
 
+    /// TensorFlow's tf.data service: the fixed list of workers that static sharding (FILE, DATA,
+    /// FILE_OR_DATA, HINT) divides the data among, as TF's `DispatcherConfig.worker_addresses`
+    /// (`host:port`, or `host:%port%` for any port on that host). The same on every replica.
+    #[arg(long, env = "COORD_TFDATA_WORKER_ADDRESSES", value_delimiter = ',')]
+    pub tfdata_worker_addresses: Vec<String>,
+
     /// /readyz fails while this replica is more entries than this behind the leader.
     #[arg(long, default_value_t = 1_000)]
     pub ready_max_lag: u64,

@@ -55,6 +55,8 @@ pub struct Replica {
     pub kv: Arc<KvCore>,
     pub coord: Arc<crate::serve::coordination::CoordCore>,
     pub dispatcher: Arc<crate::serve::dispatcher::DispatchCore>,
+    /// TensorFlow's tf.data dispatcher (`tensorflow.data.DispatcherService`).
+    pub tfdata: Arc<crate::serve::tfdata::TfDataCore>,
     /// The Raft log, read back for the dispatcher's journal.
     log: LogStore,
     pub leader: LeaderWatch,
@@ -203,6 +205,18 @@ impl Replica {
             "dispatcher-timers",
             crate::serve::dispatcher::timers::run(dispatcher.clone(), leader.clone()),
         );
+        let tfdata = Arc::new(crate::serve::tfdata::TfDataCore {
+            proposer: proposer.clone(),
+            read_index: read_index.clone(),
+            reader: reader.clone(),
+            memory: Arc::default(),
+            push: Default::default(),
+            config: crate::serve::tfdata::TfDataConfig::from_args(&args),
+        });
+        tasks.spawn(
+            "tfdata-timers",
+            crate::serve::tfdata::timers::run(tfdata.clone(), leader.clone()),
+        );
         let cluster_config = args.cluster().map_err(StartError::Config)?;
         tasks.spawn(
             "cluster-init",
@@ -252,6 +266,7 @@ impl Replica {
             kv,
             coord,
             dispatcher,
+            tfdata,
             log: journal_log,
             leader: leader.clone(),
             hub,
@@ -340,10 +355,18 @@ impl Replica {
         let dispatcher = DispatcherServer::new(crate::api::dispatcher::DispatcherService::new(
             this.router.clone(),
             this.dispatcher.clone(),
+            this.tfdata.clone(),
             this.log.clone(),
         ))
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        let tfdata =
+            coord_proto::tensorflow::data::dispatcher_service_server::DispatcherServiceServer::new(
+                crate::api::tfdata::TfDataService::new(this.router.clone(), this.tfdata.clone()),
+            )
+            .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+            .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+            .accept_compressed(CompressionEncoding::Gzip);
         let server = || {
             tonic::transport::Server::builder()
                 .initial_stream_window_size(Some(8 << 20))
@@ -362,7 +385,8 @@ impl Replica {
             .add_service(admin)
             .add_service(coordination)
             .add_service(kv_svc)
-            .add_service(dispatcher);
+            .add_service(dispatcher)
+            .add_service(tfdata);
         let raft_runtime = this
             .raft_runtime
             .lock()

@@ -409,7 +409,8 @@ fn waits_on_the_service(method: &str) -> bool {
                 | "GetAliveTasks"
                 | "WatchTasks"
         ),
-        // A new member catches up before it is added.
+        // A new member catches up before it is added. TF's consumers wait for one another to
+        // remove a task; a new iteration's tasks are pushed to its workers before it answers.
         None => matches!(
             method,
             "GetKeyValue"
@@ -422,6 +423,8 @@ fn waits_on_the_service(method: &str) -> bool {
                 | "coordination/PollForError"
                 | "AddMember"
                 | "RemoveMember"
+                | "tfdata/MaybeRemoveTask"
+                | "tfdata/GetOrCreateIteration"
         ),
     }
 }
@@ -450,10 +453,11 @@ const TF_METHODS: [&str; 19] = [
 ];
 
 /// Whether `method`'s callers are TensorFlow's or jaxlib's own clients, which take `UNAVAILABLE`
-/// as fatal (TF's agent retries none of its calls but RegisterTask, jaxlib none at all): without
-/// the mark coord's own clients send, such a call is held until a leader serves it.
+/// as fatal (TF's agent retries none of its calls but RegisterTask, jaxlib none at all; TF's
+/// tf.data clients and workers give up on a dispatcher that stays unavailable): without the mark
+/// coord's own clients send, such a call is held until a leader serves it.
 fn surface_of_agents_that_never_retry(method: &str) -> bool {
-    method.starts_with("xla/") || TF_METHODS.contains(&method)
+    method.starts_with("xla/") || method.starts_with("tfdata/") || TF_METHODS.contains(&method)
 }
 
 #[cfg(test)]

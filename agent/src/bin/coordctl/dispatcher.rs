@@ -14,9 +14,11 @@ use super::{Output, Table};
 
 #[derive(Subcommand)]
 pub enum DispatcherCmd {
-    /// Every job: mode, clients, tasks, split position (DYNAMIC), finished.
+    /// Every job: mode, clients, tasks, split position (DYNAMIC), finished; and every iteration
+    /// of TensorFlow's tf.data service (SERVICE tensorflow: one row per job repetition).
     Jobs,
-    /// Every data worker: alive, tasks, time since its last heartbeat (leader memory).
+    /// Every data worker (coord's and TensorFlow's): alive, tasks, time since its last heartbeat
+    /// (leader memory).
     Workers,
     /// The journal: one line per dispatcher update in the Raft log (compacted entries are in the
     /// snapshot and no longer listed).
@@ -44,10 +46,13 @@ pub async fn run(
         DispatcherCmd::Jobs => {
             let reply = d.list_jobs(pb::ListJobsRequest {}).await?;
             let mut t = Table::new(&[
+                "SERVICE",
                 "JOB",
                 "NAME",
                 "DATASET",
                 "MODE",
+                "ITERATION",
+                "REPETITION",
                 "CONSUMERS",
                 "CLIENTS",
                 "TASKS",
@@ -68,10 +73,13 @@ pub async fn run(
                     Value::Null
                 };
                 t.push(vec![
+                    json!("coord"),
                     json!(j.job_id),
                     j.job_name.map_or(Value::Null, |n| json!(n)),
                     json!(j.dataset_id),
                     json!(mode(j.mode)),
+                    Value::Null,
+                    Value::Null,
                     j.num_consumers.map_or(Value::Null, |n| json!(n)),
                     json!(j.clients),
                     json!(j.tasks),
@@ -82,16 +90,66 @@ pub async fn run(
                     json!(j.finished),
                 ]);
             }
+            for it in reply.tf_iterations {
+                // Per split provider: repetition, then splits handed out of that repetition.
+                let splits = if it.splits.is_empty() {
+                    Value::Null
+                } else {
+                    json!(it
+                        .splits
+                        .iter()
+                        .map(|p| format!("r{}:{}/{}", p.repetition, p.index, p.splits))
+                        .collect::<Vec<_>>()
+                        .join(","))
+                };
+                t.push(vec![
+                    json!("tensorflow"),
+                    json!(it.job_id),
+                    json!(it.job_name),
+                    json!(it.dataset_id),
+                    json!(it.processing_mode),
+                    json!(it.iteration_id),
+                    json!(it.repetition),
+                    it.num_consumers.map_or(Value::Null, |n| json!(n)),
+                    json!(it.clients),
+                    json!(it.tasks),
+                    json!(it.pending_tasks),
+                    splits,
+                    Value::Null,
+                    Value::Null,
+                    json!(it.finished),
+                ]);
+            }
             t.print(out);
         }
         DispatcherCmd::Workers => {
             let reply = d.get_workers(pb::GetWorkersRequest {}).await?;
-            let mut t = Table::new(&["ADDRESS", "WORKER ID", "ALIVE", "TASKS", "HEARTBEAT AGE MS"]);
+            let mut t = Table::new(&[
+                "SERVICE",
+                "ADDRESS",
+                "WORKER ID",
+                "ALIVE",
+                "TASKS",
+                "HEARTBEAT AGE MS",
+            ]);
             for w in reply.workers {
                 t.push(vec![
+                    json!("coord"),
                     json!(w.address),
                     json!(w.worker_id),
                     json!(w.alive),
+                    json!(w.tasks),
+                    w.millis_since_heartbeat.map_or(Value::Null, |m| json!(m)),
+                ]);
+            }
+            // TensorFlow never declares a worker dead; its id is its place in the configured
+            // worker list, if there is one.
+            for w in reply.tf_workers {
+                t.push(vec![
+                    json!("tensorflow"),
+                    json!(w.address),
+                    w.worker_index.map_or(Value::Null, |i| json!(i)),
+                    Value::Null,
                     json!(w.tasks),
                     w.millis_since_heartbeat.map_or(Value::Null, |m| json!(m)),
                 ]);

@@ -1,5 +1,5 @@
-//! The dispatcher's journal, read back from the Raft log: one line per dispatcher update, with
-//! the entry's index, term and the leader's clock. Entries compacted into a snapshot are gone
+//! The dispatcher's journal, read back from the Raft log: one line per dispatcher update (coord's
+//! dispatcher's and TensorFlow's), with the entry's index, term and the leader's clock. Entries compacted into a snapshot are gone
 //! from the log (the snapshot holds their effect), so the journal starts at the first entry kept.
 
 use coord_proto::coord::dispatcher as pb;
@@ -42,14 +42,17 @@ pub async fn read(
                 continue;
             };
             for c in &p.commands {
-                if let Op::Dispatch(op) = &c.op {
-                    entries.push(pb::JournalEntry {
-                        index: e.log_id.index,
-                        term: e.log_id.leader_id.term,
-                        proposed_at_ms: p.proposed_at_ms,
-                        update: op.to_string(),
-                    });
-                }
+                let update = match &c.op {
+                    Op::Dispatch(op) => op.to_string(),
+                    Op::TfData(op) => format!("tfdata.{op}"),
+                    _ => continue,
+                };
+                entries.push(pb::JournalEntry {
+                    index: e.log_id.index,
+                    term: e.log_id.leader_id.term,
+                    proposed_at_ms: p.proposed_at_ms,
+                    update,
+                });
             }
         }
         at = end;

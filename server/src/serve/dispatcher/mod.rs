@@ -375,6 +375,7 @@ impl DispatchCore {
                     tasks,
                 })
                 .collect(),
+            tf_workers: Vec::new(),
         })
     }
 
@@ -382,6 +383,7 @@ impl DispatchCore {
         self.read(|s| pb::ListJobsResponse {
             jobs: s.jobs.values().map(|j| job_info(s, j)).collect(),
             applied_updates: s.updates,
+            ..Default::default()
         })
         .await
     }

@@ -1,0 +1,272 @@
+//! Jobs, iterations and iteration clients: GetOrCreateJob, GetOrCreateIteration,
+//! ReleaseIterationClient and the garbage collection of idle iterations.
+//!
+//! A job is a named way of reading a dataset (processing mode, consumers, target workers); its
+//! iterations are its repetitions, each with one task per worker known when it was made (a worker
+//! that registers later gets one then). A client of an iteration is one consumer reading it.
+
+use std::collections::VecDeque;
+
+use super::{sharding, status, Iteration, Job, Provider, ProviderSpec, TfDataOutput, TfDataState};
+use crate::error::{Code, OpError};
+
+/// What GetOrCreateJob asks for.
+pub(super) struct JobRequest<'a> {
+    pub dataset: &'a str,
+    pub sharding: i32,
+    pub name: Option<&'a str>,
+    pub anonymous_tag: u64,
+    pub num_consumers: Option<i64>,
+    pub target_workers: i32,
+    pub cross_trainer_cache: bool,
+}
+
+/// TensorFlow's error for an unknown job id.
+pub fn job_not_found(id: i64) -> OpError {
+    status(Code::NotFound, format!("Job with id {id} not found"))
+}
+
+impl TfDataState {
+    pub(super) fn get_or_create_job(
+        &mut self,
+        req: JobRequest<'_>,
+    ) -> Result<TfDataOutput, OpError> {
+        if let Some(id) = req.name.and_then(|n| self.jobs_by_name.get(n)) {
+            let job = self.jobs.get(id).ok_or_else(|| job_not_found(*id))?;
+            validate_matching(job, &req)?;
+            return Ok(TfDataOutput::Job(job.id));
+        }
+        if !self.datasets.contains_key(req.dataset) {
+            return Err(super::datasets::dataset_not_found(req.dataset));
+        }
+        if !(sharding::OFF..=sharding::HINT).contains(&req.sharding) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!(
+                    "ProcessingMode {{ sharding_policy: {} }} does not specify a valid sharding \
+                     policy (OFF, DYNAMIC, FILE, DATA, FILE_OR_DATA or HINT)",
+                    req.sharding
+                ),
+            ));
+        }
+        if let Some(n) = req.num_consumers.filter(|n| *n <= 0) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!("num_consumers must be positive, got {n}"),
+            ));
+        }
+        let id = self.next.job;
+        self.next.job += 1;
+        let name = match req.name {
+            Some(n) => n.to_string(),
+            None => format!("anonymous_job_{id}_{}", req.anonymous_tag),
+        };
+        self.jobs_by_name.insert(name.clone(), id);
+        self.jobs.insert(
+            id,
+            Job {
+                id,
+                name,
+                dataset: req.dataset.to_string(),
+                sharding: req.sharding,
+                num_consumers: req.num_consumers,
+                target_workers: req.target_workers,
+                cross_trainer_cache: req.cross_trainer_cache,
+            },
+        );
+        Ok(TfDataOutput::Job(id))
+    }
+
+    pub(super) fn get_or_create_iteration(
+        &mut self,
+        job_id: i64,
+        repetition: i64,
+        providers: &[ProviderSpec],
+    ) -> Result<TfDataOutput, OpError> {
+        let job = self
+            .jobs
+            .get(&job_id)
+            .ok_or_else(|| job_not_found(job_id))?;
+        let key = (job.name.clone(), repetition);
+        let existing = self
+            .iterations_by_key
+            .get(&key)
+            .and_then(|i| self.iterations.get(i))
+            .filter(|it| !it.garbage_collected)
+            .map(|it| it.id);
+        let mut new_tasks = Vec::new();
+        let iteration = match existing {
+            Some(id) => id,
+            None => {
+                let providers = if job.sharding == sharding::DYNAMIC {
+                    if providers.is_empty() {
+                        return Err(status(
+                            Code::FailedPrecondition,
+                            format!(
+                                "job {job_id} shards dynamically but its iteration came with no \
+                                 split providers"
+                            ),
+                        ));
+                    }
+                    Some(
+                        providers
+                            .iter()
+                            .map(|p| Provider {
+                                spec: p.spec.clone(),
+                                splits: p.splits,
+                                repetition: 0,
+                                index: 0,
+                            })
+                            .collect(),
+                    )
+                } else {
+                    None
+                };
+                let id = self.next.iteration;
+                self.next.iteration += 1;
+                self.iterations.insert(
+                    id,
+                    Iteration {
+                        id,
+                        job: job_id,
+                        repetition,
+                        providers,
+                        tasks: Vec::new(),
+                        pending: VecDeque::new(),
+                        num_clients: 0,
+                        last_client_released_micros: -1,
+                        finished: false,
+                        garbage_collected: false,
+                    },
+                );
+                self.iterations_by_key.insert(key, id);
+                let workers: Vec<String> = self.workers.keys().cloned().collect();
+                for worker in workers {
+                    new_tasks.push(self.create_task(id, &worker, 0));
+                }
+                id
+            }
+        };
+        let client = self.next.client;
+        self.next.client += 1;
+        self.clients.insert(client, iteration);
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.num_clients += 1;
+        }
+        Ok(TfDataOutput::Iteration {
+            client,
+            iteration,
+            new_tasks,
+        })
+    }
+
+    pub(super) fn release_client(
+        &mut self,
+        client: i64,
+        time_micros: i64,
+    ) -> Result<TfDataOutput, OpError> {
+        let iteration = self.client_iteration(client)?.id;
+        self.clients.remove(&client);
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.num_clients -= 1;
+            it.last_client_released_micros = time_micros;
+            // A consumer that left can no longer agree to a pending task.
+            for p in &mut it.pending {
+                p.ready.remove(&client);
+            }
+        }
+        Ok(TfDataOutput::Done)
+    }
+
+    pub(super) fn garbage_collect_iteration(
+        &mut self,
+        iteration: i64,
+    ) -> Result<TfDataOutput, OpError> {
+        let it = self
+            .iterations
+            .get(&iteration)
+            .ok_or_else(|| iteration_not_found(iteration))?;
+        if it.finished || it.num_clients > 0 {
+            return Err(status(
+                Code::FailedPrecondition,
+                format!(
+                    "iteration {iteration} is {}; it is not collected",
+                    if it.finished {
+                        "finished".to_string()
+                    } else {
+                        format!("read by {} clients", it.num_clients)
+                    }
+                ),
+            ));
+        }
+        let tasks: Vec<i64> = it
+            .tasks
+            .iter()
+            .copied()
+            .chain(it.pending.iter().map(|p| p.task))
+            .collect();
+        for t in tasks {
+            self.finish_task(t);
+        }
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.pending.clear();
+            it.finished = true;
+            it.garbage_collected = true;
+        }
+        Ok(TfDataOutput::Done)
+    }
+}
+
+/// TensorFlow's error for an unknown iteration id.
+pub fn iteration_not_found(id: i64) -> OpError {
+    status(Code::NotFound, format!("Iteration id {id} not found"))
+}
+
+/// TensorFlow's ValidateMatchingJob: a named job found again must be asked for the same way
+/// (processing mode, cross-trainer cache, target workers; not the dataset, as in TF).
+fn validate_matching(job: &Job, req: &JobRequest<'_>) -> Result<(), OpError> {
+    let mut diff = String::new();
+    if job.sharding != req.sharding {
+        diff.push_str(&format!(
+            "Existing processing mode: <sharding_policy: {}>; got <sharding_policy: {}>. ",
+            sharding::name(job.sharding),
+            sharding::name(req.sharding)
+        ));
+    }
+    if job.cross_trainer_cache != req.cross_trainer_cache {
+        let word = |b: bool| if b { "enabled" } else { "disabled" };
+        diff.push_str(&format!(
+            "Existing cross-trainer cache: <{}>; got <{}>. ",
+            word(job.cross_trainer_cache),
+            word(req.cross_trainer_cache)
+        ));
+    }
+    if job.target_workers != req.target_workers {
+        diff.push_str(&format!(
+            "Existing target workers: <{}>; got <{}>. ",
+            target_workers_name(job.target_workers),
+            target_workers_name(req.target_workers)
+        ));
+    }
+    if diff.is_empty() {
+        return Ok(());
+    }
+    Err(status(
+        Code::InvalidArgument,
+        format!(
+            "Tried to create job with name {}, but found an existing job with different \
+             parameters: {diff}",
+            job.name
+        ),
+    ))
+}
+
+/// TensorFlow's `TargetWorkersToString`.
+pub fn target_workers_name(t: i32) -> &'static str {
+    match t {
+        1 => "AUTO",
+        2 => "ANY",
+        3 => "LOCAL",
+        _ => "UNSPECIFIED",
+    }
+}

@@ -1,0 +1,178 @@
+//! What TensorFlow's dispatcher keeps in memory, kept in the leader's: when each iteration client
+//! was last heard from, the latest round each round-robin client reported, and consumers'
+//! pending requests to remove a task. Never journaled (TF does not journal them either); a new
+//! leader starts empty and grants every client a full timeout from its first moment, as TF does
+//! after a restart.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use coord_raft_store::tfdata::TfDataState;
+
+use super::remover::TaskRemover;
+
+#[derive(Default)]
+pub struct Memory {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// When each client was last heard from; `None` from GetOrCreateIteration until its first
+    /// heartbeat (TF does not release a client before it starts reading).
+    clients: HashMap<i64, Option<Instant>>,
+    /// The latest round each round-robin client reported (TF's `round_robin_rounds_`).
+    rounds: HashMap<i64, i64>,
+    workers: HashMap<String, Instant>,
+    removers: HashMap<i64, Arc<TaskRemover>>,
+    /// When this replica's leadership began.
+    since: Option<Instant>,
+    /// Releases proposed and not yet seen applied, so each is proposed once.
+    proposed_releases: HashSet<i64>,
+}
+
+impl Memory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A client was just made: it is not released before its first heartbeat.
+    pub fn client_acquired(&self, client: i64) {
+        self.lock().clients.insert(client, None);
+    }
+
+    /// A client heartbeat, with the round it reads now if it reads round-robin. Returns the
+    /// latest round heard from it.
+    pub fn client_heard(&self, client: i64, current_round: Option<i64>) -> i64 {
+        let mut g = self.lock();
+        g.clients.insert(client, Some(Instant::now()));
+        let r = g.rounds.entry(client).or_insert(0);
+        if let Some(c) = current_round {
+            *r = (*r).max(c);
+        }
+        *r
+    }
+
+    pub fn forget_client(&self, client: i64) {
+        let mut g = self.lock();
+        g.clients.remove(&client);
+        g.rounds.remove(&client);
+        g.proposed_releases.remove(&client);
+    }
+
+    pub fn worker_heard(&self, address: &str) {
+        self.lock()
+            .workers
+            .insert(address.to_string(), Instant::now());
+    }
+
+    /// Milliseconds since this leader last heard from the worker.
+    pub fn worker_silence_ms(&self, address: &str) -> Option<u64> {
+        self.lock()
+            .workers
+            .get(address)
+            .map(|at| u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// The latest round read by the clients of each iteration: where a task added to a
+    /// round-robin iteration starts (one round later).
+    pub fn iteration_rounds(&self, s: &TfDataState) -> BTreeMap<i64, i64> {
+        let g = self.lock();
+        let mut out = BTreeMap::new();
+        for (client, iteration) in &s.clients {
+            if let Some(r) = g.rounds.get(client) {
+                let e = out.entry(*iteration).or_insert(*r);
+                *e = (*e).max(*r);
+            }
+        }
+        out
+    }
+
+    /// The agreement of consumers to remove `task`, made on first use.
+    pub fn remover(&self, task: i64, consumers: i64) -> Arc<TaskRemover> {
+        self.lock()
+            .removers
+            .entry(task)
+            .or_insert_with(|| Arc::new(TaskRemover::new(consumers)))
+            .clone()
+    }
+
+    /// Forgets everything: this replica just became leader.
+    pub fn start_leading(&self) {
+        let mut g = self.lock();
+        *g = Inner::default();
+        g.since = Some(Instant::now());
+    }
+
+    pub fn stop_leading(&self) {
+        self.lock().since = None;
+    }
+
+    /// Of `active` clients, those silent past `timeout`, each returned once.
+    pub fn overdue_clients(&self, active: &[i64], timeout: Duration) -> Vec<i64> {
+        let now = Instant::now();
+        let mut g = self.lock();
+        let Some(since) = g.since else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for c in active {
+            let heard = match g.clients.get(c) {
+                Some(None) => continue,
+                Some(Some(at)) => (*at).max(since),
+                None => since,
+            };
+            if now.saturating_duration_since(heard) > timeout && g.proposed_releases.insert(*c) {
+                out.push(*c);
+            }
+        }
+        let active: HashSet<&i64> = active.iter().collect();
+        g.proposed_releases.retain(|c| active.contains(c));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_leader_grants_grace_and_releases_once() {
+        let m = Memory::default();
+        assert!(
+            m.overdue_clients(&[1], Duration::ZERO).is_empty(),
+            "not leading"
+        );
+        m.start_leading();
+        m.client_acquired(2);
+        assert!(m
+            .overdue_clients(&[1, 2], Duration::from_secs(60))
+            .is_empty());
+        std::thread::sleep(Duration::from_millis(3));
+        // Client 2 never heartbeated: never released.
+        assert_eq!(
+            m.overdue_clients(&[1, 2], Duration::from_millis(1)),
+            vec![1]
+        );
+        assert!(m
+            .overdue_clients(&[1, 2], Duration::from_millis(1))
+            .is_empty());
+        m.client_heard(2, Some(4));
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(m.overdue_clients(&[2], Duration::from_millis(1)), vec![2]);
+    }
+
+    #[test]
+    fn rounds_are_the_latest_a_client_reported() {
+        let m = Memory::default();
+        assert_eq!(m.client_heard(7, Some(5)), 5);
+        assert_eq!(m.client_heard(7, Some(3)), 5);
+        assert_eq!(m.client_heard(7, None), 5);
+        let mut s = TfDataState::default();
+        s.clients.insert(7, 2000);
+        s.clients.insert(8, 2000);
+        m.client_heard(8, Some(9));
+        assert_eq!(m.iteration_rounds(&s), [(2000, 9)].into_iter().collect());
+    }
+}
