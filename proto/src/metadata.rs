@@ -99,14 +99,17 @@ impl RequestSession {
 
     /// Starts a request; the returned ticket ends it when dropped (answered or abandoned).
     pub fn begin(self: &Arc<Self>) -> Ticket {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        let acked_below = {
+        // The number is taken and marked in flight under one lock: a request numbered between
+        // another's numbering and its marking could otherwise acknowledge it (`acked_below` past
+        // it) before it was even sent, and the ensemble would refuse it as a late duplicate.
+        let (seq, acked_below) = {
             let mut f = self
                 .in_flight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            let seq = self.next.fetch_add(1, Ordering::Relaxed);
             f.insert(seq);
-            f.first().copied().unwrap_or(seq)
+            (seq, f.first().copied().unwrap_or(seq))
         };
         Ticket {
             session: self.clone(),
@@ -148,6 +151,56 @@ mod tests {
         drop(a);
         let c = s.begin();
         assert_eq!(c.id.acked_below, b.id.seq);
+    }
+
+    /// Requests begun concurrently: none may acknowledge another that is still in flight.
+    /// Ticket X (`acked_below` a) went out after its `begin` returned; every ticket numbered
+    /// below a must have been done with (its drop begun) before that.
+    #[test]
+    fn concurrent_requests_never_acknowledge_one_in_flight() {
+        use std::sync::atomic::AtomicU64;
+        let s = RequestSession::new(7);
+        let clock = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (s, clock) = (s.clone(), clock.clone());
+                std::thread::spawn(move || {
+                    let tick = || clock.fetch_add(1, Ordering::SeqCst);
+                    let mut seen = Vec::new();
+                    for _ in 0..20_000 {
+                        let t = s.begin();
+                        let went_out = tick();
+                        let done = tick();
+                        seen.push((t.id.seq, t.id.acked_below, went_out, done));
+                        drop(t);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let mut all: Vec<(u64, u64, u64, u64)> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("thread"))
+            .collect();
+        all.sort_unstable();
+        // latest_done[k]: the latest `done` among tickets numbered 1..=k (numbers are 1..=n).
+        let mut latest_done = vec![0; all.len() + 1];
+        for (i, t) in all.iter().enumerate() {
+            assert_eq!(t.0, i as u64 + 1, "ticket numbers are 1..=n");
+            latest_done[i + 1] = latest_done[i].max(t.3);
+        }
+        for &(seq, acked_below, went_out, _) in &all {
+            assert!(
+                (1..=seq).contains(&acked_below),
+                "ticket {seq}: {acked_below}"
+            );
+            let below = latest_done[(acked_below - 1) as usize];
+            assert!(
+                acked_below == 1 || below < went_out,
+                "ticket {seq} acknowledged everything below {acked_below} while one of those \
+                 was still in flight"
+            );
+        }
     }
 
     #[test]
