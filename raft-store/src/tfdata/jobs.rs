@@ -2,8 +2,8 @@
 //! ReleaseIterationClient and the garbage collection of idle iterations.
 //!
 //! A job is a named way of reading a dataset (processing mode, consumers, target workers); its
-//! iterations are its repetitions, each with one task per worker known when it was made (a worker
-//! that registers later gets one then). A client of an iteration is one consumer reading it.
+//! iterations are its repetitions, each with one task per worker known (and not lost) when it was
+//! made (a worker that registers or comes back later gets one then). A client of an iteration is one consumer reading it.
 
 use std::collections::VecDeque;
 
@@ -140,7 +140,12 @@ impl TfDataState {
                     },
                 );
                 self.iterations_by_key.insert(key, id);
-                let workers: Vec<String> = self.workers.keys().cloned().collect();
+                let workers: Vec<String> = self
+                    .workers
+                    .iter()
+                    .filter(|(_, w)| !w.lost)
+                    .map(|(a, _)| a.clone())
+                    .collect();
                 for worker in workers {
                     new_tasks.push(self.create_task(id, &worker, 0));
                 }

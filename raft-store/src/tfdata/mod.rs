@@ -109,6 +109,10 @@ pub struct Worker {
     pub index: Option<WorkerIndex>,
     /// The tasks assigned to it and not finished (TF's `tasks_by_worker_`): pending ones too.
     pub tasks: BTreeSet<i64>,
+    /// Silent past the worker timeout: new iterations make no task on it until it heartbeats
+    /// again. (TensorFlow never forgets a worker, so a dispatcher that outlives its jobs would
+    /// hand every new iteration's tasks to the workers of jobs long gone.)
+    pub lost: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -255,7 +259,7 @@ pub enum TfDataOp {
         repetition: i64,
         providers: Vec<ProviderSpec>,
     },
-    /// WorkerHeartbeat of a worker that is new, or that lacks a task of a round-robin iteration.
+    /// WorkerHeartbeat of a worker that is new, lost, or lacks a task of a round-robin iteration.
     /// `index`: its place in the configured worker list (static sharding). `rounds`: the latest
     /// round the clients of each round-robin iteration reported.
     WorkerHeartbeat {
@@ -290,6 +294,8 @@ pub enum TfDataOp {
     GarbageCollectIteration { iteration: i64 },
     /// DisableCompressionAtRuntime.
     DisableCompression { dataset: String, disable: bool },
+    /// The leader heard nothing from the worker for the worker timeout.
+    WorkerLost { address: String },
 }
 
 impl fmt::Display for TfDataOp {
@@ -351,6 +357,7 @@ impl fmt::Display for TfDataOp {
             TfDataOp::DisableCompression { dataset, disable } => {
                 write!(f, "disable_compression({dataset:?}, {disable})")
             }
+            TfDataOp::WorkerLost { address } => write!(f, "worker_lost({address})"),
         }
     }
 }
@@ -427,6 +434,7 @@ impl TfDataState {
                     uid: *uid,
                     index: *index,
                     tasks: BTreeSet::new(),
+                    lost: false,
                 },
                 rounds,
             )),
@@ -453,6 +461,7 @@ impl TfDataState {
             TfDataOp::DisableCompression { dataset, disable } => {
                 self.disable_compression(dataset, *disable)
             }
+            TfDataOp::WorkerLost { address } => self.worker_lost(address),
         }?;
         self.updates += 1;
         Ok(out)

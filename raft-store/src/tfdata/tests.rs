@@ -550,3 +550,55 @@ fn the_state_survives_the_snapshot_codec() {
     let back: TfDataState = crate::codec::decode("tfdata", &bytes).expect("decode");
     assert_eq!(back, s);
 }
+
+#[test]
+fn a_lost_worker_gets_no_new_tasks_until_it_is_back() {
+    let mut s = TfDataState::default();
+    register(&mut s, None, "m").expect("dataset");
+    worker(&mut s, "a:1", &[]);
+    worker(&mut s, "b:1", &[]);
+    op(
+        &mut s,
+        TfDataOp::WorkerLost {
+            address: "b:1".into(),
+        },
+    )
+    .expect("lost");
+    let r = op(
+        &mut s,
+        TfDataOp::WorkerLost {
+            address: "c:1".into(),
+        },
+    );
+    assert_eq!(code(r), Code::NotFound);
+    job(&mut s, "1000", sharding::OFF, None).expect("job");
+    let (_, it, tasks) = iteration(&mut s, 5000, 1, 0);
+    assert_eq!(tasks.len(), 1, "no task on the lost worker");
+    assert_eq!(s.tasks[&tasks[0]].worker, "a:1");
+    // Back: it gets a task of the iteration made while it was away, and only one.
+    worker(&mut s, "b:1", &[]);
+    assert!(!s.workers["b:1"].lost);
+    assert_eq!(s.iterations[&it].tasks.len(), 2);
+    worker(&mut s, "b:1", &[]);
+    assert_eq!(s.iterations[&it].tasks.len(), 2);
+    // Lost again after finishing its task: back, it does not run the iteration a second time.
+    let b_task = s.iterations[&it].tasks[1];
+    op(
+        &mut s,
+        TfDataOp::FinishTasks {
+            address: "b:1".into(),
+            tasks: vec![b_task],
+        },
+    )
+    .expect("finish");
+    op(
+        &mut s,
+        TfDataOp::WorkerLost {
+            address: "b:1".into(),
+        },
+    )
+    .expect("lost");
+    worker(&mut s, "b:1", &[]);
+    assert_eq!(s.iterations[&it].tasks.len(), 2);
+    assert!(s.workers["b:1"].tasks.is_empty());
+}

@@ -3,7 +3,10 @@
 //!
 //! As in TensorFlow, workers are never forgotten (a worker that stops heartbeating keeps its
 //! tasks; its address coming back is the same worker), and a round-robin iteration a worker has
-//! no task of (it was removed while the worker was away) gets a new pending task for it.
+//! no task of (it was removed while the worker was away) gets a new pending task for it. Unlike
+//! TensorFlow, a worker silent past the worker timeout is *lost*: iterations made meanwhile get
+//! no task on it, and when it heartbeats again it gets a task of every unfinished iteration it
+//! has none of, as a new worker would.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,13 +25,23 @@ impl TfDataState {
         worker: Worker,
         rounds: &BTreeMap<i64, i64>,
     ) -> TfDataOutput {
-        if !self.workers.contains_key(address) {
+        let returning = self.workers.get(address).is_some_and(|w| w.lost);
+        if returning {
+            if let Some(w) = self.workers.get_mut(address) {
+                w.lost = false;
+            }
+        }
+        let new = !self.workers.contains_key(address);
+        if new {
             self.workers.insert(address.to_string(), worker);
-            // TF's CreateTasksForWorker.
+        }
+        if new || returning {
+            // TF's CreateTasksForWorker, for the iterations it never had a task of (a finished
+            // task is not made again: its data was produced).
             let open: Vec<(i64, bool)> = self
                 .iterations
                 .values()
-                .filter(|it| !it.finished)
+                .filter(|it| !it.finished && !self.ever_ran(address, it))
                 .map(|it| (it.id, self.is_round_robin(it.job)))
                 .collect();
             for (iteration, round_robin) in open {
@@ -50,21 +63,52 @@ impl TfDataState {
 
     /// Unfinished round-robin iterations the worker has no assigned task of.
     pub fn round_robin_iterations_without(&self, address: &str) -> Vec<i64> {
-        let Some(worker) = self.workers.get(address) else {
+        if !self.workers.contains_key(address) {
             return Vec::new();
-        };
-        let assigned: BTreeSet<i64> = worker
-            .tasks
-            .iter()
-            .filter_map(|t| self.tasks.get(t))
-            .map(|t| t.iteration)
-            .collect();
+        }
+        let assigned = self.iterations_of(address);
         self.iterations
             .values()
             .filter(|it| !it.finished && self.is_round_robin(it.job))
             .filter(|it| !assigned.contains(&it.id))
             .map(|it| it.id)
             .collect()
+    }
+
+    /// The iterations the worker has an assigned, unfinished task of.
+    fn iterations_of(&self, address: &str) -> BTreeSet<i64> {
+        self.workers
+            .get(address)
+            .map(|w| {
+                w.tasks
+                    .iter()
+                    .filter_map(|t| self.tasks.get(t))
+                    .map(|t| t.iteration)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether the iteration has (or had: finished tasks are kept) a task on the worker, pending
+    /// ones included.
+    fn ever_ran(&self, address: &str, it: &super::Iteration) -> bool {
+        it.tasks
+            .iter()
+            .copied()
+            .chain(it.pending.iter().map(|p| p.task))
+            .filter_map(|t| self.tasks.get(&t))
+            .any(|t| t.worker == address)
+    }
+
+    pub(super) fn worker_lost(&mut self, address: &str) -> Result<TfDataOutput, OpError> {
+        let w = self.workers.get_mut(address).ok_or_else(|| {
+            status(
+                Code::NotFound,
+                format!("Worker with address {address} not found."),
+            )
+        })?;
+        w.lost = true;
+        Ok(TfDataOutput::Done)
     }
 
     pub(super) fn is_round_robin(&self, job: i64) -> bool {

@@ -175,6 +175,12 @@ pub struct Args {
     #[arg(long, env = "COORD_TFDATA_WORKER_ADDRESSES", value_delimiter = ',')]
     pub tfdata_worker_addresses: Vec<String>,
 
+    /// A TensorFlow tf.data worker silent this long is lost: iterations made meanwhile get no
+    /// task on it (it gets them when it heartbeats again). TF's workers heartbeat every 30 s by
+    /// default.
+    #[arg(long, default_value_t = 120_000)]
+    pub tfdata_worker_timeout_ms: u64,
+
     /// /readyz fails while this replica is more entries than this behind the leader.
     #[arg(long, default_value_t = 1_000)]
     pub ready_max_lag: u64,

@@ -32,6 +32,23 @@ impl TfDataCore {
                     format!("Job with id {} not found", req.job_id),
                 )
             })?;
+        if sharding::is_static(job.0) && self.config.worker_addresses.is_empty() {
+            // TF makes the iteration, then fails to give its tasks a worker index; nothing is
+            // written here.
+            let worker = self
+                .applied(|s| s.workers.keys().next().cloned())
+                .unwrap_or_else(|| "(any)".into());
+            return Err(status(
+                Code::NotFound,
+                format!(
+                    "Failed to shard dataset in tf.data service: Worker {worker} is not in the \
+                     workers list. Got workers list . Static sharding ({}) needs the fixed list \
+                     of workers (TF's DispatcherConfig.worker_addresses): start every \
+                     coordinator with --tfdata-worker-addresses",
+                    sharding::name(job.0)
+                ),
+            ));
+        }
         let providers = match job {
             (sharding::DYNAMIC, Some(def), dataset) => splits::providers(&dataset, &def)?,
             (sharding::DYNAMIC, None, dataset) => {

@@ -30,6 +30,8 @@ struct Inner {
     since: Option<Instant>,
     /// Releases proposed and not yet seen applied, so each is proposed once.
     proposed_releases: HashSet<i64>,
+    /// Workers declared lost and not yet seen applied, likewise.
+    proposed_lost: HashSet<String>,
 }
 
 impl Memory {
@@ -109,6 +111,26 @@ impl Memory {
         self.lock().since = None;
     }
 
+    /// Of `present` workers (registered, not lost), those silent past `timeout`, each returned
+    /// once.
+    pub fn overdue_workers(&self, present: &[String], timeout: Duration) -> Vec<String> {
+        let now = Instant::now();
+        let mut g = self.lock();
+        let Some(since) = g.since else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for w in present {
+            let heard = g.workers.get(w).map_or(since, |at| (*at).max(since));
+            if now.saturating_duration_since(heard) > timeout && g.proposed_lost.insert(w.clone()) {
+                out.push(w.clone());
+            }
+        }
+        let present: HashSet<&String> = present.iter().collect();
+        g.proposed_lost.retain(|w| present.contains(w));
+        out
+    }
+
     /// Of `active` clients, those silent past `timeout`, each returned once.
     pub fn overdue_clients(&self, active: &[i64], timeout: Duration) -> Vec<i64> {
         let now = Instant::now();
@@ -161,6 +183,19 @@ mod tests {
         m.client_heard(2, Some(4));
         std::thread::sleep(Duration::from_millis(3));
         assert_eq!(m.overdue_clients(&[2], Duration::from_millis(1)), vec![2]);
+    }
+
+    #[test]
+    fn a_silent_worker_is_lost_once() {
+        let m = Memory::default();
+        let w = vec!["w:1".to_string()];
+        m.start_leading();
+        assert!(m.overdue_workers(&w, Duration::from_secs(60)).is_empty());
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(m.overdue_workers(&w, Duration::from_millis(1)), w);
+        assert!(m.overdue_workers(&w, Duration::from_millis(1)).is_empty());
+        m.worker_heard("w:1");
+        assert!(m.overdue_workers(&w, Duration::from_secs(60)).is_empty());
     }
 
     #[test]

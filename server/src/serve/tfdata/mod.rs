@@ -4,8 +4,7 @@
 //!
 //! Each method does what TensorFlow 2.21's `DataServiceDispatcherImpl` does for that RPC, with
 //! TF's codes and messages; what differs is said where it differs (a dataset whose splits cannot
-//! be produced is refused when its DYNAMIC job is made; static sharding without a configured
-//! worker list is refused when the job is made rather than failing every heartbeat after).
+//! be produced is refused when its DYNAMIC job is made; a refused iteration writes nothing).
 //!
 //! - this module: datasets and jobs; [`clients`]: iterations and their clients; [`workers`]:
 //!   worker heartbeats and updates; [`splits`]: GetSplit, and DYNAMIC split providers from the
@@ -55,6 +54,8 @@ pub struct TfDataConfig {
     pub worker_addresses: Vec<String>,
     pub client_timeout_ms: u64,
     pub iteration_gc_timeout_ms: u64,
+    /// A worker silent this long gets no task of new iterations until it heartbeats again.
+    pub worker_timeout_ms: u64,
 }
 
 impl TfDataConfig {
@@ -63,6 +64,7 @@ impl TfDataConfig {
             worker_addresses: args.tfdata_worker_addresses.clone(),
             client_timeout_ms: args.dispatcher_client_timeout_ms,
             iteration_gc_timeout_ms: args.dispatcher_job_gc_timeout_ms,
+            worker_timeout_ms: args.tfdata_worker_timeout_ms,
         }
     }
 }
@@ -194,18 +196,7 @@ impl TfDataCore {
             None => false,
         };
         if !exists {
-            // Refused before anything is written, with what a user can act on.
-            if sharding::is_static(policy) && self.config.worker_addresses.is_empty() {
-                return Err(status(
-                    Code::FailedPrecondition,
-                    format!(
-                        "static sharding ({}) needs the fixed list of workers (TF's \
-                         DispatcherConfig.worker_addresses): start every coordinator with \
-                         --tfdata-worker-addresses",
-                        sharding::name(policy)
-                    ),
-                ));
-            }
+            // Refused before anything is written, naming the op at fault.
             if policy == sharding::DYNAMIC {
                 let def = self.dataset_bytes(&req.dataset_id, |d| &d.def).await?;
                 splits::providers(&req.dataset_id, &def)?;

@@ -4,8 +4,9 @@
 //! leader judges afresh after a full timeout of grace, as TF does after a restart.
 //!
 //! DYNAMIC iterations are never collected, as in TF (`gc_dynamic_sharding_jobs` is off): their
-//! visitation guarantee would not survive being made again. Workers are never declared dead:
-//! TensorFlow forgets only their heartbeat time, and so does this leader.
+//! visitation guarantee would not survive being made again. A worker silent past the worker
+//! timeout is declared lost: new iterations make no task on it (TensorFlow forgets only its
+//! heartbeat time; an ensemble outlives the jobs whose workers are gone).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,8 +56,14 @@ fn judge(core: &Arc<TfDataCore>) {
     let gc_after = i64::try_from(core.config.iteration_gc_timeout_ms)
         .unwrap_or(i64::MAX)
         .saturating_mul(1000);
-    let (active, idle): (Vec<i64>, Vec<i64>) = core.reader.read(|a| {
+    let (active, idle, present): (Vec<i64>, Vec<i64>, Vec<String>) = core.reader.read(|a| {
         let s = &a.state.tfdata;
+        let present = s
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.lost)
+            .map(|(a, _)| a.clone())
+            .collect();
         let idle = s
             .iterations
             .values()
@@ -69,8 +76,13 @@ fn judge(core: &Arc<TfDataCore>) {
             .filter(|it| now > it.last_client_released_micros.saturating_add(gc_after))
             .map(|it| it.id)
             .collect();
-        (s.active_clients().collect(), idle)
+        (s.active_clients().collect(), idle, present)
     });
+    let worker_timeout = Duration::from_millis(core.config.worker_timeout_ms);
+    for address in core.memory.overdue_workers(&present, worker_timeout) {
+        tracing::warn!(worker = %address, "tf.data worker missed its heartbeats; new iterations get no task on it until it is back");
+        propose(core, TfDataOp::WorkerLost { address });
+    }
     let timeout = Duration::from_millis(core.config.client_timeout_ms);
     for client in core.memory.overdue_clients(&active, timeout) {
         tracing::warn!(

@@ -2,8 +2,9 @@
 //! WorkerUpdate (finished tasks).
 //!
 //! A heartbeat is a read unless it changes something: a worker never seen before (registered,
-//! with a task of every unfinished iteration) or one that lacks a task of a round-robin iteration
-//! (it gets a pending one). Its answer is read from the state after that: the tasks assigned to
+//! with a task of every unfinished iteration), one that was lost (it gets a task of every
+//! unfinished iteration it has none of), or one that lacks a task of a round-robin iteration (it
+//! gets a pending one). Its answer is read from the state after that: the tasks assigned to
 //! the worker that it does not run yet, and those it runs that are no longer assigned to it.
 
 use std::collections::BTreeSet;
@@ -30,9 +31,10 @@ impl TfDataCore {
             ));
         }
         self.memory.worker_heard(&address);
-        let (known, lacks_a_task, index, rounds) = self
+        let (known, lost, lacks_a_task, index, rounds) = self
             .read(|s| {
                 let known = s.workers.contains_key(&address);
+                let lost = s.workers.get(&address).is_some_and(|w| w.lost);
                 let index = if known {
                     Ok(None)
                 } else {
@@ -40,13 +42,14 @@ impl TfDataCore {
                 };
                 (
                     known,
+                    lost,
                     !s.round_robin_iterations_without(&address).is_empty(),
                     index,
                     self.memory.iteration_rounds(s),
                 )
             })
             .await?;
-        if !known || lacks_a_task {
+        if !known || lost || lacks_a_task {
             let op = TfDataOp::WorkerHeartbeat {
                 address: address.clone(),
                 transfer_servers: req
@@ -62,6 +65,8 @@ impl TfDataCore {
             self.commit(id, op).await?;
             if !known {
                 tracing::info!(worker = %address, "TensorFlow data worker registered");
+            } else if lost {
+                tracing::info!(worker = %address, "TensorFlow data worker is back");
             }
         }
         let current: BTreeSet<i64> = req.current_tasks.iter().copied().collect();
@@ -185,6 +190,7 @@ mod tests {
                 uid: 0,
                 index: Some(WorkerIndex { index, of: 3 }),
                 tasks: Default::default(),
+                lost: false,
             },
         );
     }
