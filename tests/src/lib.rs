@@ -14,6 +14,9 @@
 //! - [`data`]: `data-worker` processes and job consumers for the dispatcher's tests.
 //! - [`jax`]: the real jaxlib client in a venv, its test scripts, and coord-proxy sidecars.
 //! - [`tf`]: unmodified TensorFlow MultiWorkerMirroredStrategy workers pointed at the ensemble.
+//! - [`tf_service`]: real TensorFlow tf.data service processes (TF's dispatcher, workers, readers)
+//!   pointed at any dispatcher address, for the dispatcher tests that compare TF's and coord's;
+//!   [`tfdata_conformance`]: the scenarios those tests run on both, and their checks.
 //! - [`link`]: `link-worker` processes for the rendezvous tests and benchmark.
 //! - [`certs`]: the TLS tests' test CA and replica certificates (`TestPki`), made with
 //!   `coord-tools`' CA.
@@ -33,7 +36,9 @@ pub mod jax;
 pub mod link;
 pub mod tf;
 pub mod tf_conformance;
+pub mod tf_service;
 pub mod tfdata;
+pub mod tfdata_conformance;
 pub mod venv;
 
 pub use cluster::{Cluster, ClusterOptions};

@@ -1,0 +1,173 @@
+//! TensorFlow's tf.data service through failures of the ensemble: real TF 2.21 `WorkerServer`s
+//! and a `distribute()` reader (DYNAMIC sharding of `range(N)`), pointed at `coord-proxy`, while
+//! the leader is killed twice mid-epoch, or every replica is killed and restarted. TF must see
+//! slow calls, never an error, and read every element exactly once: a split handed out is in the
+//! log, and a GetSplit whose answer was lost with its leader is answered with the same split.
+//! (The venv comes from PyPI; without it the tests skip, saying why.)
+
+use std::time::{Duration, Instant};
+
+use coord_agent::data::DispatchClient;
+use coord_proto::coord::dispatcher as pb;
+use coord_tests::cluster::free_ports;
+use coord_tests::data::dispatch_client;
+use coord_tests::jax::Sidecar;
+use coord_tests::tf_service::{DatasetKind, Mode, ReadSpec, Reader, TfDataProcs, Worker};
+use coord_tests::tfdata_conformance::{procs_or_skip, READ_PATIENCE, START_PATIENCE};
+use coord_tests::{Cluster, ClusterOptions};
+
+/// Elements (one split each) of the epoch: long enough, at a few hundred splits a second, for
+/// both kills to land mid-epoch.
+const N: u64 = 2000;
+
+/// The split position of the one TensorFlow iteration: splits handed out of its first
+/// repetition (N once the epoch is handed out; the next repetition starts at 0 again).
+async fn position(d: &DispatchClient) -> Option<u64> {
+    let reply = d.list_jobs(pb::ListJobsRequest {}).await.ok()?;
+    let it = reply.tf_iterations.first()?;
+    let p = it.splits.first()?;
+    Some(if p.repetition > 0 { N } else { p.index })
+}
+
+/// Waits until the iteration's position reaches `at` (reading it from any replica that answers).
+async fn wait_position(d: &DispatchClient, at: u64, what: &str) -> u64 {
+    let deadline = Instant::now() + START_PATIENCE;
+    loop {
+        if let Some(p) = position(d).await.filter(|p| *p >= at) {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the split position never reached {at}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An ensemble, coord-proxy in front of it, two TF workers and a DYNAMIC reader of `range(N)`,
+/// reading.
+struct Epoch {
+    cluster: Cluster,
+    d: DispatchClient,
+    _proxy: Sidecar,
+    workers: Vec<Worker>,
+    reader: Reader,
+}
+
+async fn start_epoch(procs: &TfDataProcs) -> Epoch {
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(START_PATIENCE).await;
+    let proxy = Sidecar::start(&cluster.endpoints());
+    let d = dispatch_client(&cluster.endpoints());
+    let spec = ReadSpec {
+        progress_every: 500,
+        ..ReadSpec::new(DatasetKind::Range(N), Mode::Dynamic)
+    };
+    let prepared = procs.prepare_readers(std::slice::from_ref(&spec));
+    let workers = procs
+        .workers(&proxy.addr, &free_ports(2), START_PATIENCE)
+        .await;
+    let reader = prepared
+        .go(&proxy.addr)
+        .pop()
+        .unwrap_or_else(|| unreachable!("one spec, one reader"));
+    Epoch {
+        cluster,
+        d,
+        _proxy: proxy,
+        workers,
+        reader,
+    }
+}
+
+impl Epoch {
+    /// The epoch completes with every element exactly once, and no TF process saw an error.
+    async fn finishes_exactly_once(&self, what: &str) {
+        let read = self
+            .reader
+            .finish(READ_PATIENCE)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: the reader saw an error: {e}"));
+        assert_eq!(
+            read.sorted(),
+            (0..N as i64).collect::<Vec<_>>(),
+            "{what}: not every element exactly once ({} read)",
+            read.elements.len()
+        );
+        for w in &self.workers {
+            assert!(
+                w.errors().is_empty(),
+                "{what}: worker {} reported {:?}",
+                w.address,
+                w.errors()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_epoch_survives_two_leader_kills() {
+    let test = "dynamic_epoch_survives_two_leader_kills";
+    let Some(procs) = procs_or_skip(test) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut e = start_epoch(&procs).await;
+    let mut kills = Vec::new();
+    for (i, at) in [N / 5, N / 2].into_iter().enumerate() {
+        let before = wait_position(&e.d, at, "before the kill").await;
+        let leader = e.cluster.wait_for_leader(START_PATIENCE).await;
+        e.cluster.kill(leader);
+        let killed_at = Instant::now();
+        // The next leader hands out splits again (on to the next kill's mark).
+        let after = wait_position(&e.d, before + 50, "after the kill").await;
+        kills.push((leader, before, killed_at.elapsed()));
+        eprintln!(
+            "kill {}: leader {leader} at split {before}; split {after} handed out {:.2?} later",
+            i + 1,
+            killed_at.elapsed()
+        );
+        // Back (and caught up) before the next kill, which must leave a majority.
+        e.cluster.spawn(leader);
+        e.cluster.wait_serving(leader, START_PATIENCE).await;
+    }
+    e.finishes_exactly_once("two leader kills").await;
+    assert_ne!(
+        kills[0].0, kills[1].0,
+        "the same replica led twice in a row"
+    );
+    eprintln!("{test}: {:.1?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_resumes_at_its_split_position_after_a_full_restart() {
+    let test = "an_epoch_resumes_at_its_split_position_after_a_full_restart";
+    let Some(procs) = procs_or_skip(test) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut e = start_epoch(&procs).await;
+    wait_position(&e.d, N / 3, "before the restart").await;
+    let ids = e.cluster.ids();
+    for id in &ids {
+        e.cluster.kill(*id);
+    }
+    let position_at_kill = {
+        // Every replica is down: what the log holds is what the restart must find.
+        for id in &ids {
+            e.cluster.spawn(*id);
+        }
+        e.cluster.wait_for_leader(START_PATIENCE).await;
+        position(&e.d)
+            .await
+            .expect("the iteration after the restart")
+    };
+    eprintln!("restarted at split {position_at_kill}");
+    assert!(
+        position_at_kill >= N / 3,
+        "the position went back to {position_at_kill}"
+    );
+    wait_position(&e.d, position_at_kill + 50, "after the restart").await;
+    e.finishes_exactly_once("a full restart").await;
+    eprintln!("{test}: {:.1?}", started.elapsed());
+}
