@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use coord_agent::data::DispatchClient;
 use coord_proto::coord::dispatcher as pb;
+use coord_tests::cli::coordctl_json;
 use coord_tests::cluster::free_ports;
 use coord_tests::data::dispatch_client;
 use coord_tests::jax::Sidecar;
@@ -105,6 +106,60 @@ impl Epoch {
     }
 }
 
+/// `coordctl dispatcher jobs|workers|journal` and `/metrics` show TensorFlow's iteration, its
+/// workers and its journal after the epoch.
+async fn operators_see_the_epoch(e: &mut Epoch) {
+    let eps = e.cluster.endpoints();
+    let jobs = coordctl_json(&eps, &["dispatcher", "jobs"]);
+    let rows: Vec<&serde_json::Value> = jobs
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| r["service"] == "tensorflow")
+        .collect();
+    assert_eq!(rows.len(), 1, "{jobs}");
+    let it = rows[0];
+    assert_eq!(it["mode"], "DYNAMIC", "{it}");
+    assert_eq!(it["tasks"], 2, "{it}");
+    // The epoch is handed out: the provider is on its next repetition.
+    assert_eq!(it["splits"], "r1:0/2000", "{it}");
+    let workers = coordctl_json(&eps, &["dispatcher", "workers"]);
+    let addresses: Vec<&str> = workers
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|w| w["service"] == "tensorflow")
+        .filter_map(|w| w["address"].as_str())
+        .collect();
+    for w in &e.workers {
+        assert!(addresses.contains(&w.address.as_str()), "{workers}");
+    }
+    let journal = coordctl_json(&eps, &["dispatcher", "journal", "--limit", "100000"]);
+    let splits = journal["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| {
+            e["update"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("tfdata.get_split("))
+        })
+        .count();
+    // Every split is in the journal (and the end-of-splits answers after it).
+    assert!(
+        splits >= N as usize,
+        "{splits} GetSplit updates in the journal"
+    );
+    // Every replica counts the same splits once caught up.
+    for id in e.cluster.ids() {
+        e.cluster
+            .wait_until(START_PATIENCE, "every split counted", |c| {
+                c.metric(id, "coord_tfdata_splits_total") == N as f64
+            })
+            .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamic_epoch_survives_two_leader_kills() {
     let test = "dynamic_epoch_survives_two_leader_kills";
@@ -136,6 +191,7 @@ async fn dynamic_epoch_survives_two_leader_kills() {
         kills[0].0, kills[1].0,
         "the same replica led twice in a row"
     );
+    operators_see_the_epoch(&mut e).await;
     eprintln!("{test}: {:.1?}", started.elapsed());
 }
 
@@ -162,12 +218,19 @@ async fn an_epoch_resumes_at_its_split_position_after_a_full_restart() {
             .await
             .expect("the iteration after the restart")
     };
-    eprintln!("restarted at split {position_at_kill}");
+    eprintln!(
+        "restarted at split {position_at_kill}, {:.1?} into the test",
+        started.elapsed()
+    );
     assert!(
         position_at_kill >= N / 3,
         "the position went back to {position_at_kill}"
     );
     wait_position(&e.d, position_at_kill + 50, "after the restart").await;
+    eprintln!(
+        "splits handed out again {:.1?} into the test",
+        started.elapsed()
+    );
     e.finishes_exactly_once("a full restart").await;
     eprintln!("{test}: {:.1?}", started.elapsed());
 }

@@ -227,6 +227,8 @@ pub struct TfDataState {
     pub next: NextIds,
     /// Ops applied so far (a refused op changes nothing and is not counted).
     pub updates: u64,
+    /// DYNAMIC splits handed out, every iteration together.
+    pub splits_handed_out: u64,
 }
 
 /// One op: everything one RPC of TensorFlow's dispatcher changes.

@@ -57,7 +57,9 @@ impl TfDataState {
         }
         if p.index < p.splits {
             p.index += 1;
-            Ok(TfDataOutput::Split(Some(p.index - 1)))
+            let index = p.index - 1;
+            self.splits_handed_out += 1;
+            Ok(TfDataOutput::Split(Some(index)))
         } else {
             p.repetition += 1;
             p.index = 0;

@@ -221,8 +221,10 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Barrier instances waiting for participants.",
         open_barriers as f64,
     );
-    r.reader
-        .read(|a| crate::serve::dispatcher::metrics::write(&mut out, &a.state.dispatcher));
+    r.reader.read(|a| {
+        crate::serve::dispatcher::metrics::write(&mut out, &a.state.dispatcher);
+        crate::serve::tfdata::metrics::write(&mut out, &a.state.tfdata);
+    });
     let keys = r.reader.read(|a| a.state.kv.len());
     gauge(
         &mut out,

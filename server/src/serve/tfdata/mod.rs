@@ -14,10 +14,11 @@
 //! - [`wire`]: `TaskDef`s and `TaskInfo`s from the state.
 //! - [`push`]: new tasks pushed to workers (`ProcessTask`).
 //! - [`timers`]: client timeouts and iteration garbage collection.
-//! - [`report`]: iterations and workers for operators.
+//! - [`report`]: iterations and workers for operators; [`metrics`]: their part of `/metrics`.
 
 mod clients;
 pub mod memory;
+pub mod metrics;
 pub mod push;
 pub mod remover;
 mod report;
