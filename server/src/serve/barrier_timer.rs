@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use coord_raft_store::storage::StateReader;
-use coord_raft_store::{Command, Op};
+use coord_raft_store::Op;
 use tokio::sync::mpsc;
 
 use crate::raft::leader::{LeaderWatch, Leadership};
@@ -49,16 +49,7 @@ pub async fn run(
                 }
                 schedule.remove(&first);
                 let (_, id, counter) = first;
-                let proposer = proposer.clone();
-                tokio::spawn(async move {
-                    let op = Op::ExpireBarrier {
-                        id: id.clone(),
-                        counter,
-                    };
-                    if let Err(e) = proposer.propose(Command { request: None, op }).await {
-                        tracing::warn!(barrier = %id, error = %e, "could not commit a barrier timeout; the next leader will");
-                    }
-                });
+                proposer.propose_decision(Op::ExpireBarrier { id, counter });
             }
         } else {
             // Followers keep only future deadlines; a new leader rescans anyway.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use coord_raft_store::state::{TaskName, TaskState};
 use coord_raft_store::storage::StateReader;
-use coord_raft_store::{Command, Op};
+use coord_raft_store::Op;
 
 use crate::raft::leader::{LeaderWatch, Leadership};
 use crate::serve::proposer::Proposer;
@@ -135,16 +135,10 @@ pub async fn check(
                 heartbeats.overdue(&connected, Duration::from_millis(timeout_ms))
             {
                 tracing::warn!(%task, silent_ms = silent.as_millis() as u64, "task missed its heartbeats; putting it in error");
-                let proposer = proposer.clone();
-                tokio::spawn(async move {
-                    let op = Op::HeartbeatTimeout {
-                        task,
-                        incarnation,
-                        silent_ms: u64::try_from(silent.as_millis()).unwrap_or(u64::MAX),
-                    };
-                    if let Err(e) = proposer.propose(Command { request: None, op }).await {
-                        tracing::warn!(error = %e, "could not commit a heartbeat timeout; the next leader will judge again");
-                    }
+                proposer.propose_decision(Op::HeartbeatTimeout {
+                    task,
+                    incarnation,
+                    silent_ms: u64::try_from(silent.as_millis()).unwrap_or(u64::MAX),
                 });
             }
         }

@@ -149,6 +149,19 @@ impl Proposer {
         &self.waits.stats
     }
 
+    /// Proposes `op` on the leader's own behalf (no request id) without waiting for it: a leader
+    /// duty's decision (a timeout, a collection), which the next leader makes again if this one
+    /// is lost with its leadership.
+    pub fn propose_decision(&self, op: Op) {
+        let proposer = self.clone();
+        tokio::spawn(async move {
+            let what = op.to_string();
+            if let Err(e) = proposer.propose(Command { request: None, op }).await {
+                tracing::warn!(update = %what, error = %e, "could not commit a leader's decision; the next leader will judge again");
+            }
+        });
+    }
+
     /// Commits `command` through Raft and returns its result once applied on this (leader)
     /// replica.
     pub async fn propose(&self, command: Command) -> Result<CommandResult, CoordError> {

@@ -6,26 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_raft_store::dispatcher::{DispatchOp, Mode};
-use coord_raft_store::{Command, Op};
+use coord_raft_store::Op;
 
 use super::DispatchCore;
 use crate::raft::leader::{LeaderWatch, Leadership};
 use crate::serve::proposer::now_ms;
 
 fn propose(core: &Arc<DispatchCore>, op: DispatchOp) {
-    let proposer = core.proposer.clone();
-    tokio::spawn(async move {
-        let what = op.to_string();
-        if let Err(e) = proposer
-            .propose(Command {
-                request: None,
-                op: Op::Dispatch(op),
-            })
-            .await
-        {
-            tracing::warn!(update = %what, error = %e, "could not commit a dispatcher timeout; the next leader will judge again");
-        }
-    });
+    core.proposer.propose_decision(Op::Dispatch(op));
 }
 
 pub async fn run(core: Arc<DispatchCore>, leader: LeaderWatch) {

@@ -6,7 +6,7 @@ use coord_raft_store::state::Code;
 use coord_raft_store::tfdata::{sharding, TfDataOp, TfDataOutput};
 use coord_raft_store::{Output, RequestId};
 
-use super::{now_micros, remover, splits, status, unexpected, wire, TfDataCore};
+use super::{now_micros, remover, status, unexpected, wire, TfDataCore};
 use crate::error::CoordError;
 
 impl TfDataCore {
@@ -15,15 +15,11 @@ impl TfDataCore {
         id: Option<RequestId>,
         req: pb::GetOrCreateIterationRequest,
     ) -> Result<pb::GetOrCreateIterationResponse, CoordError> {
-        let job = self
+        let (policy, dataset) = self
             .read(|s| {
-                s.jobs.get(&req.job_id).map(|j| {
-                    (
-                        j.sharding,
-                        s.datasets.get(&j.dataset).map(|d| d.def.clone()),
-                        j.dataset.clone(),
-                    )
-                })
+                s.jobs
+                    .get(&req.job_id)
+                    .map(|j| (j.sharding, j.dataset.clone()))
             })
             .await?
             .ok_or_else(|| {
@@ -32,7 +28,7 @@ impl TfDataCore {
                     format!("Job with id {} not found", req.job_id),
                 )
             })?;
-        if sharding::is_static(job.0) && self.config.worker_addresses.is_empty() {
+        if sharding::is_static(policy) && self.config.worker_addresses.is_empty() {
             // TF makes the iteration, then fails to give its tasks a worker index; nothing is
             // written here.
             let worker = self
@@ -45,19 +41,14 @@ impl TfDataCore {
                      workers list. Got workers list . Static sharding ({}) needs the fixed list \
                      of workers (TF's DispatcherConfig.worker_addresses): start every \
                      coordinator with --tfdata-worker-addresses",
-                    sharding::name(job.0)
+                    sharding::name(policy)
                 ),
             ));
         }
-        let providers = match job {
-            (sharding::DYNAMIC, Some(def), dataset) => splits::providers(&dataset, &def)?,
-            (sharding::DYNAMIC, None, dataset) => {
-                return Err(status(
-                    Code::NotFound,
-                    format!("Dataset id {dataset} not found"),
-                ))
-            }
-            _ => Vec::new(),
+        let providers = if policy == sharding::DYNAMIC {
+            self.dynamic_providers(&dataset).await?
+        } else {
+            Vec::new()
         };
         let op = TfDataOp::GetOrCreateIteration {
             job: req.job_id,

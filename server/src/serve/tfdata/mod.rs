@@ -199,8 +199,7 @@ impl TfDataCore {
         if !exists {
             // Refused before anything is written, naming the op at fault.
             if policy == sharding::DYNAMIC {
-                let def = self.dataset_bytes(&req.dataset_id, |d| &d.def).await?;
-                splits::providers(&req.dataset_id, &def)?;
+                self.dynamic_providers(&req.dataset_id).await?;
             }
         }
         let op = TfDataOp::GetOrCreateJob {

@@ -18,6 +18,15 @@ use super::{unexpected, TfDataCore};
 use crate::error::CoordError;
 
 impl TfDataCore {
+    /// The split providers of dataset `dataset` under DYNAMIC sharding (see [`providers`]).
+    pub(super) async fn dynamic_providers(
+        &self,
+        dataset: &str,
+    ) -> Result<Vec<ProviderSpec>, CoordError> {
+        let def = self.dataset_bytes(dataset, |d| &d.def).await?;
+        providers(dataset, &def)
+    }
+
     pub async fn get_split(
         &self,
         id: Option<RequestId>,

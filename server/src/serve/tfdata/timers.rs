@@ -12,25 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_raft_store::tfdata::{sharding, TfDataOp};
-use coord_raft_store::{Command, Op};
+use coord_raft_store::Op;
 
 use super::{now_micros, TfDataCore};
 use crate::raft::leader::{LeaderWatch, Leadership};
 
 fn propose(core: &Arc<TfDataCore>, op: TfDataOp) {
-    let proposer = core.proposer.clone();
-    tokio::spawn(async move {
-        let what = op.to_string();
-        if let Err(e) = proposer
-            .propose(Command {
-                request: None,
-                op: Op::TfData(op),
-            })
-            .await
-        {
-            tracing::warn!(update = %what, error = %e, "could not commit a tf.data timeout; the next leader will judge again");
-        }
-    });
+    core.proposer.propose_decision(Op::TfData(op));
 }
 
 pub async fn run(core: Arc<TfDataCore>, leader: LeaderWatch) {
