@@ -274,6 +274,17 @@ mod tests {
     use super::*;
     use crate::types::StoredMembership;
 
+    /// Applies `ops` to `b`'s state, one proposal each.
+    fn applied(b: &mut SnapshotBody, ops: Vec<crate::command::Op>) {
+        use crate::command::{Command, Proposal};
+        let mut changes = Vec::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            let c = Command { request: None, op };
+            b.state
+                .apply(&Proposal::new(i as u64 + 1, vec![c]), &mut changes);
+        }
+    }
+
     fn body() -> SnapshotBody {
         SnapshotBody {
             meta: SnapshotMeta {
@@ -329,7 +340,7 @@ mod tests {
     /// registered task in it, still reads, with no task recoverable.
     #[test]
     fn a_format_2_snapshot_reads_with_no_recoverable_task() {
-        use crate::command::{Command, Op, Proposal};
+        use crate::command::Op;
         use crate::state::{
             AliveQueries, Barriers, ClusterConfig, ErrorFeed, JobRuns, TaskName, TaskRegistry,
         };
@@ -353,7 +364,6 @@ mod tests {
             runs: &'a JobRuns,
         }
         let mut b = body();
-        let mut changes = Vec::new();
         let ops = vec![
             Op::InitCluster {
                 config: ClusterConfig {
@@ -367,11 +377,7 @@ mod tests {
                 incarnation: 7,
             },
         ];
-        for (i, op) in ops.into_iter().enumerate() {
-            let c = Command { request: None, op };
-            b.state
-                .apply(&Proposal::new(i as u64 + 1, vec![c]), &mut changes);
-        }
+        applied(&mut b, ops);
         let s = &b.state;
         let c = s.cluster.as_ref().expect("a cluster");
         let v2 = codec::encode(
@@ -411,7 +417,7 @@ mod tests {
     /// and a cluster in it, still reads, with an empty dispatcher.
     #[test]
     fn a_format_3_snapshot_reads_with_an_empty_tf_dispatcher() {
-        use crate::command::{Command, Op, Proposal};
+        use crate::command::Op;
         use crate::state::{ClusterConfig, JobRuns, TaskName};
         #[derive(Serialize)]
         struct V3<'a> {
@@ -423,7 +429,6 @@ mod tests {
             runs: &'a JobRuns,
         }
         let mut b = body();
-        let mut changes = Vec::new();
         let ops = vec![
             Op::InitCluster {
                 config: ClusterConfig {
@@ -442,11 +447,7 @@ mod tests {
                 overwrite: false,
             },
         ];
-        for (i, op) in ops.into_iter().enumerate() {
-            let c = Command { request: None, op };
-            b.state
-                .apply(&Proposal::new(i as u64 + 1, vec![c]), &mut changes);
-        }
+        applied(&mut b, ops);
         let s = &b.state;
         let v3 = codec::encode(
             "snapshot",
