@@ -1,5 +1,6 @@
 //! TensorFlow's tf.data service through failures of the ensemble: real TF 2.21 `WorkerServer`s
-//! and a `distribute()` reader (DYNAMIC sharding of `range(N)`), pointed at `coord-proxy`, while
+//! and a `distribute()` reader (DYNAMIC sharding of `range(N)`), each worker behind its own
+//! `coord-proxy` (which leases splits 8 at a time), while
 //! the leader is killed twice mid-epoch, or every replica is killed and restarted. TF must see
 //! slow calls, never an error, and read every element exactly once: a split handed out is in the
 //! log, and a GetSplit whose answer was lost with its leader is answered with the same split.
@@ -50,7 +51,7 @@ async fn wait_position(d: &DispatchClient, at: u64, what: &str) -> u64 {
 struct Epoch {
     cluster: Cluster,
     d: DispatchClient,
-    _proxy: Sidecar,
+    _proxies: Vec<Sidecar>,
     workers: Vec<Worker>,
     reader: Reader,
 }
@@ -58,24 +59,33 @@ struct Epoch {
 async fn start_epoch(procs: &TfDataProcs) -> Epoch {
     let mut cluster = Cluster::start(ClusterOptions::default());
     cluster.wait_for_leader(START_PATIENCE).await;
-    let proxy = Sidecar::start(&cluster.endpoints());
+    // One coord-proxy per worker, as on separate hosts: their split leases compete.
+    let proxies: Vec<Sidecar> = (0..2)
+        .map(|_| Sidecar::start(&cluster.endpoints()))
+        .collect();
     let d = dispatch_client(&cluster.endpoints());
     let spec = ReadSpec {
         progress_every: 500,
         ..ReadSpec::new(DatasetKind::Range(N), Mode::Dynamic)
     };
     let prepared = procs.prepare_readers(std::slice::from_ref(&spec));
-    let workers = procs
-        .workers(&proxy.addr, &free_ports(2), START_PATIENCE)
-        .await;
+    let starting: Vec<_> = proxies
+        .iter()
+        .zip(free_ports(2))
+        .map(|(p, port)| procs.start_worker(&p.addr, Some(port)))
+        .collect();
+    let mut workers = Vec::new();
+    for w in starting {
+        workers.push(w.ready(START_PATIENCE).await);
+    }
     let reader = prepared
-        .go(&proxy.addr)
+        .go(&proxies[0].addr)
         .pop()
         .unwrap_or_else(|| unreachable!("one spec, one reader"));
     Epoch {
         cluster,
         d,
-        _proxy: proxy,
+        _proxies: proxies,
         workers,
         reader,
     }
@@ -145,9 +155,10 @@ async fn operators_see_the_epoch(e: &mut Epoch) {
                 .is_some_and(|u| u.starts_with("tfdata.get_split("))
         })
         .count();
-    // Every split is in the journal (and the end-of-splits answers after it).
+    // Every split is in the journal, the proxies' leases 8 at a time (and the end-of-splits
+    // answers after them).
     assert!(
-        splits >= N as usize,
+        splits >= N as usize / 8,
         "{splits} GetSplit updates in the journal"
     );
     // Every replica counts the same splits once caught up.

@@ -47,6 +47,11 @@ struct Cli {
     /// instead of waiting for its next heartbeat.
     #[arg(long, requires = "task")]
     push_errors_to: Option<String>,
+    /// TensorFlow's tf.data workers: splits of a DYNAMIC iteration taken from the ensemble at
+    /// once (one journal update for all), handed to this host's workers one per GetSplit. 1
+    /// sends every GetSplit to the ensemble.
+    #[arg(long, default_value_t = coord_agent::proxy::tfdata::DEFAULT_SPLIT_LEASE)]
+    tfdata_split_lease: u64,
     /// TLS toward the ensemble; jaxlib's side (--listen) stays plain gRPC on localhost. Give the
     /// proxy the certificate of the task it serves.
     #[command(flatten)]
@@ -118,10 +123,12 @@ async fn run(cli: Cli) -> ExitCode {
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
-    let tfdata = DispatcherServiceServer::new(TfDataProxy::new(client))
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20)
-        .accept_compressed(CompressionEncoding::Gzip);
+    let tfdata = DispatcherServiceServer::new(
+        TfDataProxy::new(client).with_split_lease(cli.tfdata_split_lease),
+    )
+    .max_decoding_message_size(64 << 20)
+    .max_encoding_message_size(64 << 20)
+    .accept_compressed(CompressionEncoding::Gzip);
     eprintln!(
         "coord-proxy: serving tensorflow.CoordinationService, tensorflow.data.DispatcherService and xla.coordination.CoordinationService on {} for {}",
         cli.listen,

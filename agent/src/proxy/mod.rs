@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::client::{Channel, CoordClient};
 
 pub mod push;
+pub mod splits;
 pub mod tf;
 pub mod tfdata;
 pub mod xla;
@@ -63,18 +64,21 @@ where
         .map(Response::new)
 }
 
-/// A proxy service: every method forwarded as its [`Call`] kind says. (The macro writes the whole
+/// A proxy service: every method forwarded as its [`Call`] kind says; a service may add fields
+/// (each with its initial value) and methods of its own (`custom`). (The macro writes the whole
 /// impl, so that `async_trait` sees the expanded methods.)
 macro_rules! proxy_service {
     ($proxy:ident, $pb:path, $service:path, $upstream:ident,
-     $($method:ident($req:ident) -> $resp:ident: $call:expr;)*) => {
+     $($method:ident($req:ident) -> $resp:ident: $call:expr;)*
+     $(@fields { $($field:ident: $fty:ty = $init:expr,)* } @custom { $($custom:tt)* })?) => {
         pub struct $proxy {
             client: $crate::client::CoordClient,
+            $($($field: $fty,)*)?
         }
 
         impl $proxy {
             pub fn new(client: $crate::client::CoordClient) -> Self {
-                Self { client }
+                Self { client, $($($field: $init,)*)? }
             }
         }
 
@@ -93,6 +97,7 @@ macro_rules! proxy_service {
                 .await
             }
         )*
+        $($($custom)*)?
         }
     };
 }

@@ -274,11 +274,13 @@ pub enum TfDataOp {
     },
     /// WorkerUpdate: these tasks produced their last element.
     FinishTasks { address: String, tasks: Vec<i64> },
-    /// GetSplit: the next split of a DYNAMIC iteration's provider.
+    /// GetSplit: the next split (up to `max` splits, for coord-proxy's leases) of a DYNAMIC
+    /// iteration's provider.
     GetSplit {
         iteration: i64,
         repetition: i64,
         provider: i64,
+        max: u64,
     },
     /// ReleaseIterationClient, or the leader heard nothing from the client for its timeout.
     ReleaseClient { client: i64, time_micros: i64 },
@@ -338,9 +340,10 @@ impl fmt::Display for TfDataOp {
                 iteration,
                 repetition,
                 provider,
+                max,
             } => write!(
                 f,
-                "get_split(iteration={iteration}, repetition={repetition}, provider={provider})"
+                "get_split(iteration={iteration}, repetition={repetition}, provider={provider}, max={max})"
             ),
             TfDataOp::ReleaseClient { client, .. } => write!(f, "release_client({client})"),
             TfDataOp::ClientHeartbeat {
@@ -375,8 +378,12 @@ pub enum TfDataOutput {
         iteration: i64,
         new_tasks: Vec<i64>,
     },
-    /// The index of the split handed out; `None`: end of splits.
-    Split(Option<u64>),
+    /// The splits handed out: indexes `from..from + count` of the repetition asked for;
+    /// `count` 0: end of splits.
+    Splits {
+        from: u64,
+        count: u64,
+    },
     /// DisableCompressionAtRuntime: `None` when the dataset has no compression to disable.
     Compression(Option<bool>),
     Done,
@@ -445,7 +452,8 @@ impl TfDataState {
                 iteration,
                 repetition,
                 provider,
-            } => self.get_split(*iteration, *repetition, *provider),
+                max,
+            } => self.get_split(*iteration, *repetition, *provider, *max),
             TfDataOp::ReleaseClient {
                 client,
                 time_micros,

@@ -1,7 +1,8 @@
 //! DYNAMIC sharding ("distributed epoch"): GetSplit hands out a provider's splits in order, one
 //! repetition after another.
 //!
-//! A worker asks for the next split of (iteration, repetition, provider). A provider is a
+//! A worker asks for the next split of (iteration, repetition, provider); coord-proxy may ask
+//! for several at once (a lease it hands out to its host's workers, one per GetSplit). A provider is a
 //! position, (repetition, index), over a known number of splits per repetition: split `index` is
 //! handed out and the index advances; past the last split the answer is end-of-splits and the
 //! provider moves to the next repetition (a worker that repeats its input asks for it). A request
@@ -21,6 +22,7 @@ impl TfDataState {
         iteration: i64,
         repetition: i64,
         provider: i64,
+        max: u64,
     ) -> Result<TfDataOutput, OpError> {
         let it = self
             .iterations
@@ -48,22 +50,23 @@ impl TfDataState {
                     ),
                 )
             })?;
+        let end = TfDataOutput::Splits { from: 0, count: 0 };
         if repetition < p.repetition {
-            return Ok(TfDataOutput::Split(None));
+            return Ok(end);
         }
         if repetition > p.repetition {
             p.repetition = repetition;
             p.index = 0;
         }
         if p.index < p.splits {
-            p.index += 1;
-            let index = p.index - 1;
-            self.splits_handed_out += 1;
-            Ok(TfDataOutput::Split(Some(index)))
+            let (from, count) = (p.index, (p.splits - p.index).min(max.max(1)));
+            p.index += count;
+            self.splits_handed_out += count;
+            Ok(TfDataOutput::Splits { from, count })
         } else {
             p.repetition += 1;
             p.index = 0;
-            Ok(TfDataOutput::Split(None))
+            Ok(end)
         }
     }
 }

@@ -102,9 +102,11 @@ fn split(s: &mut TfDataState, iteration: i64, repetition: i64) -> Option<u64> {
             iteration,
             repetition,
             provider: 0,
+            max: 1,
         },
     ) {
-        Ok(TfDataOutput::Split(x)) => x,
+        Ok(TfDataOutput::Splits { count: 0, .. }) => None,
+        Ok(TfDataOutput::Splits { from, count: 1 }) => Some(from),
         other => panic!("split: {other:?}"),
     }
 }
@@ -261,6 +263,7 @@ fn splits_are_handed_out_once_per_repetition() {
             iteration: off,
             repetition: 0,
             provider: 0,
+            max: 1,
         },
     );
     assert_eq!(code(r), Code::FailedPrecondition);
@@ -270,6 +273,7 @@ fn splits_are_handed_out_once_per_repetition() {
             iteration: it,
             repetition: 3,
             provider: 1,
+            max: 1,
         },
     );
     assert_eq!(code(r), Code::InvalidArgument);
@@ -279,6 +283,7 @@ fn splits_are_handed_out_once_per_repetition() {
             iteration: 1,
             repetition: 0,
             provider: 0,
+            max: 1,
         },
     );
     assert_eq!(code(r), Code::NotFound);
@@ -345,13 +350,20 @@ fn a_retried_get_split_gets_the_same_split() {
         iteration: 2000,
         repetition: 0,
         provider: 0,
+        max: 1,
     };
     let first = run(&mut s, get(), Some(100));
     let again = run(&mut s, get(), Some(100));
-    assert_eq!(first, Ok(Output::TfData(TfDataOutput::Split(Some(0)))));
+    assert_eq!(
+        first,
+        Ok(Output::TfData(TfDataOutput::Splits { from: 0, count: 1 }))
+    );
     assert_eq!(again, first);
     let next = run(&mut s, get(), Some(101));
-    assert_eq!(next, Ok(Output::TfData(TfDataOutput::Split(Some(1)))));
+    assert_eq!(
+        next,
+        Ok(Output::TfData(TfDataOutput::Splits { from: 1, count: 1 }))
+    );
 }
 
 #[test]
@@ -601,4 +613,43 @@ fn a_lost_worker_gets_no_new_tasks_until_it_is_back() {
     worker(&mut s, "b:1", &[]);
     assert_eq!(s.iterations[&it].tasks.len(), 2);
     assert!(s.workers["b:1"].tasks.is_empty());
+}
+
+#[test]
+fn a_lease_takes_several_splits_of_one_repetition() {
+    let mut s = TfDataState::default();
+    register(&mut s, None, "m").expect("dataset");
+    job(&mut s, "1000", sharding::DYNAMIC, None).expect("job");
+    let (_, it, _) = iteration(&mut s, 5000, 1, 10);
+    let lease = |s: &mut TfDataState, repetition, max| {
+        op(
+            s,
+            TfDataOp::GetSplit {
+                iteration: it,
+                repetition,
+                provider: 0,
+                max,
+            },
+        )
+        .expect("splits")
+    };
+    assert_eq!(
+        lease(&mut s, 0, 8),
+        TfDataOutput::Splits { from: 0, count: 8 }
+    );
+    // The rest of the repetition, never past it.
+    assert_eq!(
+        lease(&mut s, 0, 8),
+        TfDataOutput::Splits { from: 8, count: 2 }
+    );
+    assert_eq!(
+        lease(&mut s, 0, 8),
+        TfDataOutput::Splits { from: 0, count: 0 }
+    );
+    assert_eq!(s.splits_handed_out, 10);
+    // max 0 is one split.
+    assert_eq!(
+        lease(&mut s, 1, 0),
+        TfDataOutput::Splits { from: 0, count: 1 }
+    );
 }

@@ -16,6 +16,9 @@ use crate::serve::dispatcher::DispatchCore;
 use crate::serve::route::{Kind, Router};
 use crate::serve::tfdata::TfDataCore;
 
+/// The most splits of TensorFlow's dispatcher one lease takes.
+const MAX_SPLITS_PER_LEASE: u64 = 1024;
+
 pub struct DispatcherService {
     router: Arc<Router>,
     core: Arc<DispatchCore>,
@@ -241,6 +244,34 @@ impl Dispatcher for DispatcherService {
                 req,
                 |m, _| async move { crate::serve::dispatcher::journal::read(log, &m).await },
                 |ch, r| async move { client(ch).journal(r).await },
+            )
+            .await
+    }
+
+    async fn tf_get_splits(
+        &self,
+        req: Request<pb::TfGetSplitsRequest>,
+    ) -> Result<Response<pb::TfGetSplitsResponse>, Status> {
+        let tfdata = &*self.tfdata;
+        self.router
+            .route(
+                // TF's GetSplit, leased by coord-proxy: held through elections as TF's are.
+                "tfdata/GetSplits",
+                Kind::Write,
+                req,
+                |m, id| async move {
+                    let at = crate::serve::tfdata::splits::SplitRequest {
+                        iteration: m.iteration_id,
+                        repetition: m.repetition,
+                        provider: m.split_provider_index,
+                    };
+                    Ok(pb::TfGetSplitsResponse {
+                        splits: tfdata
+                            .get_splits(id, at, m.max_splits.clamp(1, MAX_SPLITS_PER_LEASE))
+                            .await?,
+                    })
+                },
+                |ch, r| async move { client(ch).tf_get_splits(r).await },
             )
             .await
     }

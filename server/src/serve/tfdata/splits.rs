@@ -10,7 +10,7 @@
 use coord_proto::tensorflow::data::{self as pb, DatasetDef};
 use coord_proto::tensorflow::TensorProto;
 use coord_proto::tf_dataset::{split_sources, SplitSource};
-use coord_raft_store::tfdata::{ProviderSpec, TfDataOp, TfDataOutput};
+use coord_raft_store::tfdata::{ProviderSpec, TfDataOp, TfDataOutput, TfDataState};
 use coord_raft_store::{Output, RequestId};
 use prost::Message;
 
@@ -27,64 +27,79 @@ impl TfDataCore {
         providers(dataset, &def)
     }
 
+    /// TF's GetSplit: one split.
     pub async fn get_split(
         &self,
         id: Option<RequestId>,
         req: pb::GetSplitRequest,
     ) -> Result<pb::GetSplitResponse, CoordError> {
-        let end_of_splits = pb::GetSplitResponse {
-            split: None,
-            end_of_splits: true,
-        };
-        // A repetition that is over stays over: the applied state may lag the log, never lead
-        // it, so this needs neither a write nor a read barrier (workers ask again and again once
-        // their input ended).
-        let over = self.applied(|s| {
-            let p = usize::try_from(req.split_provider_index).ok()?;
-            let provider = s
-                .iterations
-                .get(&req.iteration_id)?
-                .providers
-                .as_ref()?
-                .get(p)?;
-            Some(req.repetition < provider.repetition)
-        });
-        if over == Some(true) {
-            return Ok(end_of_splits);
-        }
-        let op = TfDataOp::GetSplit {
+        let at = SplitRequest {
             iteration: req.iteration_id,
             repetition: req.repetition,
             provider: req.split_provider_index,
         };
-        let index = match self.commit(id, op).await? {
-            TfDataOutput::Split(i) => i,
-            other => return Err(unexpected("get_split", &Output::TfData(other))),
-        };
-        let Some(index) = index else {
-            return Ok(end_of_splits);
-        };
-        let spec = self
-            .applied(|s| {
-                let p = usize::try_from(req.split_provider_index).ok()?;
-                s.iterations
-                    .get(&req.iteration_id)?
-                    .providers
-                    .as_ref()?
-                    .get(p)
-                    .map(|p| p.spec.clone())
-            })
-            .ok_or_else(|| {
-                CoordError::Internal(format!(
-                    "iteration {} handed out split {index} of provider {} and lost it",
-                    req.iteration_id, req.split_provider_index
-                ))
-            })?;
+        let split = self.get_splits(id, at, 1).await?.into_iter().next();
         Ok(pb::GetSplitResponse {
-            split: Some(split(&spec, index)?),
-            end_of_splits: false,
+            end_of_splits: split.is_none(),
+            split,
         })
     }
+
+    /// Up to `max` next splits of a provider, in order, as TensorFlow sends them; none: the
+    /// repetition is over (end of splits). Every split returned is journaled before it is.
+    pub async fn get_splits(
+        &self,
+        id: Option<RequestId>,
+        at: SplitRequest,
+        max: u64,
+    ) -> Result<Vec<TensorProto>, CoordError> {
+        let provider = |s: &TfDataState| {
+            let p = usize::try_from(at.provider).ok()?;
+            s.iterations
+                .get(&at.iteration)?
+                .providers
+                .as_ref()?
+                .get(p)
+                .cloned()
+        };
+        // A repetition that is over stays over: the applied state may lag the log, never lead
+        // it, so this needs neither a write nor a read barrier (workers ask again and again once
+        // their input ended).
+        if self
+            .applied(provider)
+            .is_some_and(|p| at.repetition < p.repetition)
+        {
+            return Ok(Vec::new());
+        }
+        let op = TfDataOp::GetSplit {
+            iteration: at.iteration,
+            repetition: at.repetition,
+            provider: at.provider,
+            max,
+        };
+        let (from, count) = match self.commit(id, op).await? {
+            TfDataOutput::Splits { from, count } => (from, count),
+            other => return Err(unexpected("get_split", &Output::TfData(other))),
+        };
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let spec = self.applied(provider).map(|p| p.spec).ok_or_else(|| {
+            CoordError::Internal(format!(
+                "iteration {} handed out splits of provider {} and lost it",
+                at.iteration, at.provider
+            ))
+        })?;
+        (from..from + count).map(|i| split(&spec, i)).collect()
+    }
+}
+
+/// Which provider's splits, of which repetition.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitRequest {
+    pub iteration: i64,
+    pub repetition: i64,
+    pub provider: i64,
 }
 
 /// The split providers TensorFlow's dispatcher would make for the dataset `def` (encoded
