@@ -55,7 +55,7 @@ proxy_service! {
 }
 
 /// Splits a lease takes unless told otherwise (coord-proxy's `--tfdata-split-lease`).
-pub const DEFAULT_SPLIT_LEASE: u64 = 8;
+pub const DEFAULT_SPLIT_LEASE: u64 = 32;
 
 impl TfDataProxy {
     /// Leases of `splits` splits (1: every GetSplit goes to the ensemble).

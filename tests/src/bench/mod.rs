@@ -3,8 +3,9 @@
 //! on loopback).
 //!
 //! Each subcommand of coord-bench runs one module here: [`kv`], [`agent_failover`] (`failover`),
-//! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`]; [`failover_report`] prints a
-//! leader-kill measurement for `kv` and `failover` alike.
+//! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`], [`tfdata`] (TensorFlow's own
+//! workers and reader on coord's and TF's dispatchers); [`failover_report`] prints a leader-kill
+//! measurement for `kv` and `failover` alike.
 
 pub mod agent_failover;
 pub mod agent_target;
@@ -19,6 +20,7 @@ pub mod kv;
 pub mod load;
 pub mod rendezvous;
 pub mod tasks;
+pub mod tfdata;
 
 use std::future::Future;
 

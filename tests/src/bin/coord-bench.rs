@@ -8,7 +8,7 @@
 //! Build it in release mode: `cargo run --release -p coord-tests --bin coord-bench -- kv`.
 //!
 //! This binary is only the command line: each subcommand runs a module of `coord_tests::bench`
-//! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`).
+//! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`, `tfdata`).
 
 /// The clients of both systems allocate a lot per call; glibc's malloc took a fifth of the
 /// benchmark process's CPU, which the servers on this shared machine then lacked.
@@ -16,7 +16,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
-use coord_tests::bench::{agent_failover, chaos, crash, dispatcher, kv, rendezvous, tasks};
+use coord_tests::bench::{agent_failover, chaos, crash, dispatcher, kv, rendezvous, tasks, tfdata};
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +49,9 @@ enum Cmd {
     /// Rendezvous tensors worker → worker over the direct links, against iperf3 on loopback;
     /// peer-death detection time.
     Rendezvous(rendezvous::Args),
+    /// coord's tf.data dispatcher against TensorFlow's own, with TF's own workers and reader:
+    /// DYNAMIC-sharding elements/s end to end, and the split gap when the dispatcher is killed.
+    Tfdata(tfdata::Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -122,6 +125,12 @@ async fn main() {
         }
         Cmd::Rendezvous(args) => {
             if let Err(e) = rendezvous::run(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Tfdata(args) => {
+            if let Err(e) = tfdata::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }
