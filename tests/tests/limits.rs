@@ -175,3 +175,91 @@ async fn an_oversized_message_is_resource_exhausted_and_writes_nothing() {
         .await
         .expect("still serving");
 }
+
+/// The leader's parked calls and watches are bounded across all clients (`--max-parked-calls`):
+/// many clients each within their own cap cannot grow it past the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_calls_and_watches_are_bounded_across_all_clients() {
+    const BOUND: usize = 40;
+    let mut c = cluster_with(&["--max-parked-calls", "40"]).await;
+    let leader = c.wait_for_leader(TIMEOUT).await;
+    let slots_used = |c: &Cluster, n: usize| {
+        coord_tests::http::get(c.replica(leader).http, "/metrics").is_ok_and(|(_, m)| {
+            m.lines()
+                .any(|l| l == format!("coord_parked_slots_used {n}"))
+        })
+    };
+    // Eight clients (eight connections, eight request-id clients), five blocking gets each.
+    let clients: Vec<CoordClient> = (0..8).map(|_| client(&c)).collect();
+    let mut parked = Vec::new();
+    for (i, cl) in clients.iter().enumerate() {
+        for j in 0..BOUND / 8 {
+            let cl = cl.clone();
+            parked.push(tokio::spawn(async move {
+                cl.get(&format!("never/{i}/{j}")).await
+            }));
+        }
+    }
+    c.wait_until(TIMEOUT, "40 parked gets", |c| slots_used(c, BOUND))
+        .await;
+
+    // A ninth client's blocking get and watch are refused at once, naming the bound.
+    let ninth = client(&c);
+    let err = tokio::time::timeout(TIMEOUT, ninth.get("never/9"))
+        .await
+        .expect("the 41st get was neither refused nor answered")
+        .expect_err("past the bound");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("--max-parked-calls 40") && err.message().contains("\"never/9\""),
+        "{err:?}"
+    );
+    let err = ninth
+        .open_watch("w", 0)
+        .await
+        .expect_err("a watch past the bound");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("Watch of key \"w\""), "{err:?}");
+
+    // The ensemble keeps serving everything that does not park.
+    ninth.insert("k", "v", false).await.expect("insert");
+    assert_eq!(
+        ninth.get("k").await.expect("a get that need not wait"),
+        Bytes::from("v")
+    );
+    assert!(slots_used(&c, BOUND), "a refused call holds no slot");
+    let (_, m) = coord_tests::http::get(c.replica(leader).http, "/metrics").expect("metrics");
+    assert!(
+        m.lines().any(|l| l == "coord_parked_refused_total 2"),
+        "{m}"
+    );
+
+    // An answered call gives its slot back, and a new blocking call fits again.
+    ninth
+        .insert("never/0/0", "now", false)
+        .await
+        .expect("insert");
+    assert_eq!(
+        parked.remove(0).await.expect("join").expect("answered"),
+        Bytes::from("now")
+    );
+    c.wait_until(TIMEOUT, "a slot given back", |c| slots_used(c, BOUND - 1))
+        .await;
+    let late = tokio::spawn({
+        let ninth = ninth.clone();
+        async move { ninth.get("never/9").await }
+    });
+    c.wait_until(TIMEOUT, "the late get parked", |c| slots_used(c, BOUND))
+        .await;
+    ninth
+        .insert("never/9", "late", false)
+        .await
+        .expect("insert");
+    assert_eq!(
+        late.await.expect("join").expect("answered"),
+        Bytes::from("late")
+    );
+    for p in parked {
+        p.abort();
+    }
+}

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::error::CoordError;
 use crate::raft::leader::{LeaderWatch, Leadership};
 use crate::serve::kv::KvCore;
+use crate::serve::parked::Slot;
 use crate::serve::route::{Kind, Router};
 use crate::serve::watch_hub::{EventKind, KvEvent, WatchHub};
 
@@ -58,20 +59,23 @@ fn to_wire(e: &KvEvent) -> pb::WatchEvent {
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
 
-/// Counts a watch stream as active while it lives.
-struct ActiveWatch(Arc<WatchHub>);
+/// Counts a watch stream as active while it lives; it holds a slot of the park budget.
+struct ActiveWatch {
+    hub: Arc<WatchHub>,
+    _slot: Slot,
+}
 
 impl ActiveWatch {
-    fn new(hub: Arc<WatchHub>) -> Self {
+    fn new(hub: Arc<WatchHub>, slot: Slot) -> Self {
         hub.active
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(hub)
+        Self { hub, _slot: slot }
     }
 }
 
 impl Drop for ActiveWatch {
     fn drop(&mut self) {
-        self.0
+        self.hub
             .active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -111,6 +115,10 @@ impl KeyValue for KvService {
             .into());
         }
         let key = self.kv.check_key(&req.key, "watched key")?;
+        let budget = self.kv.parked.budget();
+        let slot = budget
+            .take()
+            .ok_or_else(|| budget.refusal(&format!("Watch of key {key:?}")))?;
         // Subscribe before reading history, so no change falls between the two.
         let mut live = self.watches.subscribe();
         let start = if req.start_revision == 0 {
@@ -127,7 +135,7 @@ impl KeyValue for KvService {
         })?;
         let (tx, rx) = mpsc::channel(64);
         let leader = self.leader.clone();
-        let active = ActiveWatch::new(self.watches.clone());
+        let active = ActiveWatch::new(self.watches.clone(), slot);
         tokio::spawn(async move {
             let _active = active;
             let mut last = start - 1;

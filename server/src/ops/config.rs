@@ -87,6 +87,12 @@ pub struct Args {
     #[arg(long, default_value_t = 100_000)]
     pub max_blocking_calls_per_client: usize,
 
+    /// Parked calls (blocking gets, barrier waits, error polls, task watches) and key watch streams
+    /// the leader holds across all clients (0: no bound). Each costs about 9 KB of memory; past
+    /// the bound new ones fail RESOURCE_EXHAUSTED at once and the replica stays healthy.
+    #[arg(long, default_value_t = 50_000)]
+    pub max_parked_calls: usize,
+
     /// Concurrent HTTP/2 streams per client connection (each parked call holds one); further
     /// calls wait in the client for a free stream. tonic's own default is no limit.
     #[arg(long, default_value_t = 16_384)]

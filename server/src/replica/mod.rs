@@ -96,7 +96,7 @@ impl Replica {
             None => (None, None),
         };
         let cluster_id = args.initial_cluster.cluster_id(&args.cluster_token);
-        let hub = ApplyHub::new();
+        let hub = ApplyHub::new(args.max_parked_calls);
         let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
         let (log, sm) = (opened.log, opened.state_machine);
         let journal_log = log.clone();

@@ -11,7 +11,7 @@ use coord_raft_store::types::LogId;
 use coord_raft_store::Change;
 use tokio::sync::mpsc;
 
-use crate::serve::parked::{WaitRegistry, Wake};
+use crate::serve::parked::{ParkBudget, WaitRegistry, Wake};
 use crate::serve::watch_hub::{EventKind, KvEvent, WatchHub};
 
 /// Blocking gets, by key; woken with the inserted value.
@@ -32,6 +32,8 @@ pub struct Deadline {
 }
 
 pub struct ApplyHub {
+    /// Bounds the parked calls of every registry below and the watch streams together.
+    pub budget: Arc<ParkBudget>,
     pub kv: Arc<KvWaiters>,
     pub barriers: Arc<BarrierWaiters>,
     pub errors: Arc<ErrorWaiters>,
@@ -48,13 +50,16 @@ pub struct ApplyHub {
 }
 
 impl ApplyHub {
-    pub fn new() -> Arc<Self> {
+    /// A hub whose parked calls and watches are bounded by `max_parked` (0: no bound).
+    pub fn new(max_parked: usize) -> Arc<Self> {
         let (deadlines_tx, rx) = mpsc::unbounded_channel();
+        let budget = ParkBudget::new(max_parked);
         Arc::new(Self {
-            kv: Arc::default(),
-            barriers: Arc::default(),
-            errors: Arc::default(),
-            tasks: Arc::default(),
+            kv: Arc::new(WaitRegistry::new(budget.clone())),
+            barriers: Arc::new(WaitRegistry::new(budget.clone())),
+            errors: Arc::new(WaitRegistry::new(budget.clone())),
+            tasks: Arc::new(WaitRegistry::new(budget.clone())),
+            budget,
             watches: Arc::default(),
             reader: std::sync::OnceLock::new(),
             deadlines_tx,

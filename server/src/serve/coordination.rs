@@ -21,7 +21,7 @@ use coord_raft_store::{Command, Op, OpError, Output, RequestId};
 use crate::error::CoordError;
 use crate::serve::apply_hub::ApplyHub;
 use crate::serve::heartbeats::Heartbeats;
-use crate::serve::parked::{WaitRegistry, Wake};
+use crate::serve::parked::{Slot, WaitRegistry, Wake};
 use crate::serve::proposer::Proposer;
 use crate::serve::read_index::ReadIndex;
 
@@ -95,7 +95,8 @@ impl CoordCore {
         incarnation: u64,
         participants: Vec<TaskName>,
     ) -> Result<u64, CoordError> {
-        let epoch = self.hub.barriers.epoch();
+        let (epoch, slot) =
+            self.barrier_slot(|| format!("RegisterTask of {task} at the register barrier"))?;
         let op = Op::RegisterAtBarrier {
             task: task.clone(),
             incarnation,
@@ -111,7 +112,8 @@ impl CoordCore {
             } => {
                 // Registered: it counts as a heartbeat while the others arrive.
                 self.heartbeats.record(&task, incarnation);
-                self.await_barrier(REGISTER_BARRIER, counter, epoch).await?
+                self.await_barrier(REGISTER_BARRIER, counter, epoch, slot)
+                    .await?
             }
             other => return Err(unexpected("RegisterAtBarrier", &other)),
         };
@@ -135,7 +137,7 @@ impl CoordCore {
         source: TaskName,
         tasks: Vec<TaskName>,
     ) -> Result<AliveAnswer, CoordError> {
-        let epoch = self.hub.barriers.epoch();
+        let (epoch, slot) = self.barrier_slot(|| format!("GetAliveTasks of {source}"))?;
         let set = alive_set_key(&tasks);
         let generation = match self.commit(id, Op::GetAliveTasks { source, tasks }).await? {
             Output::Alive {
@@ -149,16 +151,23 @@ impl CoordCore {
         };
         let key = (alive_wait_key(&set), generation as i64);
         let run = self.reader.read(|a| a.state.runs.current());
-        self.park_until(&self.hub.barriers, &key, epoch, |a| {
-            if a.state.runs.current() != run {
-                return Some(Err(CoordError::status(
-                    Code::Aborted,
-                    format!("GetAliveTasks ended with run {run} of the job"),
-                )));
-            }
-            let c = a.state.cluster.as_ref()?;
-            c.alive.answer(&set, generation).cloned().map(Ok)
-        })
+        self.park_until(
+            &self.hub.barriers,
+            &key,
+            epoch,
+            Some(slot),
+            String::new,
+            |a| {
+                if a.state.runs.current() != run {
+                    return Some(Err(CoordError::status(
+                        Code::Aborted,
+                        format!("GetAliveTasks ended with run {run} of the job"),
+                    )));
+                }
+                let c = a.state.cluster.as_ref()?;
+                c.alive.answer(&set, generation).cloned().map(Ok)
+            },
+        )
         .await?
     }
 
@@ -171,19 +180,26 @@ impl CoordCore {
     ) -> Result<(i64, Vec<(TaskName, TaskRecord)>), CoordError> {
         let epoch = self.hub.tasks.epoch();
         self.read_index.linearize().await?;
-        self.park_until(&self.hub.tasks, &(), epoch, |a| {
-            let Some(c) = a.state.cluster.as_ref() else {
-                return Some(Err(CoordError::from(OpError::NoCluster)));
-            };
-            let current = c.task_version as i64;
-            (current != version).then(|| {
-                let records = tasks
-                    .iter()
-                    .filter_map(|t| c.tasks.get(t).map(|r| (t.clone(), r.clone())))
-                    .collect();
-                Ok((current, records))
-            })
-        })
+        self.park_until(
+            &self.hub.tasks,
+            &(),
+            epoch,
+            None,
+            || "WatchTasks".to_string(),
+            |a| {
+                let Some(c) = a.state.cluster.as_ref() else {
+                    return Some(Err(CoordError::from(OpError::NoCluster)));
+                };
+                let current = c.task_version as i64;
+                (current != version).then(|| {
+                    let records = tasks
+                        .iter()
+                        .filter_map(|t| c.tasks.get(t).map(|r| (t.clone(), r.clone())))
+                        .collect();
+                    Ok((current, records))
+                })
+            },
+        )
         .await?
     }
 
@@ -305,7 +321,7 @@ impl CoordCore {
         id: Option<RequestId>,
         task: TaskName,
     ) -> Result<Option<Outcome>, CoordError> {
-        let epoch = self.hub.barriers.epoch();
+        let (epoch, slot) = self.barrier_slot(|| format!("ShutdownTask of {task}"))?;
         let outcome = match self
             .commit(id, Op::ShutdownTask { task: task.clone() })
             .await?
@@ -313,7 +329,10 @@ impl CoordCore {
             Output::Done => None,
             Output::Barrier { counter, outcome } => match outcome {
                 Some(o) => Some(o),
-                None => Some(self.await_barrier(SHUTDOWN_BARRIER, counter, epoch).await?),
+                None => Some(
+                    self.await_barrier(SHUTDOWN_BARRIER, counter, epoch, slot)
+                        .await?,
+                ),
             },
             other => return Err(unexpected("ShutdownTask", &other)),
         };
@@ -329,7 +348,7 @@ impl CoordCore {
         task: TaskName,
         devices: DeviceInfo,
     ) -> Result<(u64, Arc<Vec<DeviceInfo>>), CoordError> {
-        let epoch = self.hub.barriers.epoch();
+        let (epoch, slot) = self.barrier_slot(|| format!("WaitForAllTasks of {task}"))?;
         let outcome = match self
             .commit(id, Op::WaitForAllTasks { task, devices })
             .await?
@@ -341,7 +360,7 @@ impl CoordCore {
                 counter,
                 outcome: None,
             } => {
-                self.await_barrier(WAIT_FOR_ALL_TASKS_BARRIER, counter, epoch)
+                self.await_barrier(WAIT_FOR_ALL_TASKS_BARRIER, counter, epoch, slot)
                     .await?
             }
             other => return Err(unexpected("WaitForAllTasks", &other)),
@@ -388,7 +407,8 @@ impl CoordCore {
         timeout_ms: i64,
         source: TaskName,
     ) -> Result<i64, CoordError> {
-        let epoch = self.hub.barriers.epoch();
+        let (epoch, slot) =
+            self.barrier_slot(|| format!("the wait of {source} at barrier {barrier:?}"))?;
         let op = Op::Barrier {
             id: barrier.clone(),
             counter,
@@ -404,7 +424,10 @@ impl CoordCore {
             Output::Barrier {
                 counter,
                 outcome: None,
-            } => (counter, self.await_barrier(&barrier, counter, epoch).await?),
+            } => (
+                counter,
+                self.await_barrier(&barrier, counter, epoch, slot).await?,
+            ),
             other => return Err(unexpected("Barrier", &other)),
         };
         match outcome {
@@ -445,40 +468,61 @@ impl CoordCore {
         Ok(self.reader.read(|a| a.state.runs.number))
     }
 
-    /// Parks until instance `counter` of `barrier` has an outcome.
+    /// The leadership epoch and a park slot for a call that may wait at a barrier, taken before
+    /// its arrival is committed: a call the park budget refuses changes nothing.
+    fn barrier_slot(&self, what: impl FnOnce() -> String) -> Result<(u64, Slot), CoordError> {
+        let epoch = self.hub.barriers.epoch();
+        match self.hub.budget.take() {
+            Some(slot) => Ok((epoch, slot)),
+            None => Err(self.hub.budget.refusal(&what())),
+        }
+    }
+
+    /// Parks until instance `counter` of `barrier` has an outcome, on the caller's slot.
     async fn await_barrier(
         &self,
         barrier: &str,
         counter: i64,
         epoch: u64,
+        slot: Slot,
     ) -> Result<Outcome, CoordError> {
         let key = (barrier.to_string(), counter);
         // A new run of the job clears every instance of the last: a call still waiting on one
         // is told its run ended.
         let run = self.reader.read(|a| a.state.runs.current());
-        self.park_until(&self.hub.barriers, &key, epoch, |a| {
-            if a.state.runs.current() != run {
-                return Some(Outcome::Failed {
-                    code: Code::Aborted,
-                    message: format!(
-                        "barrier {barrier:?} #{counter} ended with run {run} of the job"
-                    ),
-                });
-            }
-            let c = a.state.cluster.as_ref()?;
-            c.barriers.get(barrier)?.outcome_of(counter).cloned()
-        })
+        self.park_until(
+            &self.hub.barriers,
+            &key,
+            epoch,
+            Some(slot),
+            String::new,
+            |a| {
+                if a.state.runs.current() != run {
+                    return Some(Outcome::Failed {
+                        code: Code::Aborted,
+                        message: format!(
+                            "barrier {barrier:?} #{counter} ended with run {run} of the job"
+                        ),
+                    });
+                }
+                let c = a.state.cluster.as_ref()?;
+                c.barriers.get(barrier)?.outcome_of(counter).cloned()
+            },
+        )
         .await
     }
 
     /// Parks on `key` of `registry` until `check` finds what the caller waits for in the applied
-    /// state (it is asked again at every wake). Losing leadership ends the wait with
+    /// state (it is asked again at every wake). A caller without a `slot` takes one from the park
+    /// budget when it first parks; `what` names the call if the budget refuses it. Losing leadership ends the wait with
     /// `LeaderChanged`, so that routing drives the call again on the new leader.
     async fn park_until<K, V, R>(
         &self,
         registry: &Arc<WaitRegistry<K, V>>,
         key: &K,
         epoch: u64,
+        mut slot: Option<Slot>,
+        what: impl FnOnce() -> String,
         check: impl Fn(&Applied) -> Option<R>,
     ) -> Result<R, CoordError>
     where
@@ -488,12 +532,12 @@ impl CoordCore {
         loop {
             let found = self.reader.read(|a| match check(a) {
                 Some(r) => Ok(r),
-                None => Err(registry.park(key, epoch)),
+                None => Err(registry.park(key, epoch, &mut slot)),
             });
             let mut parked = match found {
                 Ok(r) => return Ok(r),
-                Err(Some(p)) => p,
-                Err(None) => return Err(CoordError::LeaderChanged),
+                Err(Ok(p)) => p,
+                Err(Err(why)) => return Err(registry.not_parked(why, what)),
             };
             match parked.wait().await {
                 Wake::Changed(_) | Wake::Recheck => continue,
@@ -516,10 +560,17 @@ impl CoordCore {
                 ))
             }
         })??;
-        self.park_until(&self.hub.errors, &(), epoch, |a| {
-            let c = a.state.cluster.as_ref()?;
-            c.errors.next_for(&task, after).cloned()
-        })
+        self.park_until(
+            &self.hub.errors,
+            &(),
+            epoch,
+            None,
+            || format!("PollForError of {task}"),
+            |a| {
+                let c = a.state.cluster.as_ref()?;
+                c.errors.next_for(&task, after).cloned()
+            },
+        )
         .await
     }
 

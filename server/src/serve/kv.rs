@@ -163,15 +163,20 @@ impl KvCore {
         // Taken before leadership is confirmed: if it is lost any time after, parking fails.
         let epoch = self.parked.epoch();
         self.read_index.linearize().await?;
+        let mut slot = None;
         loop {
             let found = self.reader.read(|a| match a.state.kv.get(&key) {
                 Some(e) => Ok(e.value.clone()),
-                None => Err(self.parked.park(&key, epoch)),
+                None => Err(self.parked.park(&key, epoch, &mut slot)),
             });
             let mut parked = match found {
                 Ok(v) => return Ok((key, v)),
-                Err(Some(p)) => p,
-                Err(None) => return Err(CoordError::LeaderChanged),
+                Err(Ok(p)) => p,
+                Err(Err(why)) => {
+                    return Err(self
+                        .parked
+                        .not_parked(why, || format!("GetKeyValue of key {key:?}")))
+                }
             };
             match parked.wait().await {
                 Wake::Changed(v) => return Ok((key, v)),

@@ -9,13 +9,21 @@
 //! The check that a caller must wait and its registration happen under the state's read lock, and
 //! apply wakes waiters only after releasing its write lock, so no change can slip between the
 //! check and the registration.
+//!
+//! Every parked call and watch stream holds leader memory (about 9 KB each, most of it the
+//! HTTP/2 stream and the call's future), so together they are bounded by one [`ParkBudget`]
+//! (`--max-parked-calls`) across all clients: per-client caps alone let more clients grow the
+//! leader without limit. A call takes its [`Slot`] when it first parks and keeps it until it
+//! returns, so a call already waiting is never refused when it parks again after a wake.
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
+
+use crate::error::CoordError;
 
 #[derive(Debug)]
 pub enum Wake<V> {
@@ -27,8 +35,84 @@ pub enum Wake<V> {
     LeaderLost,
 }
 
+/// The bound on parked calls and watch streams this replica holds, across all clients.
+pub struct ParkBudget {
+    /// 0: no bound.
+    max: usize,
+    used: AtomicUsize,
+    refused: AtomicU64,
+}
+
+/// One parked call's or watch's place in the [`ParkBudget`]; given back when dropped.
+pub struct Slot(Arc<ParkBudget>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ParkBudget {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            used: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// A slot, or `None` when every slot is taken (counted as a refusal).
+    pub fn take(self: &Arc<Self>) -> Option<Slot> {
+        let taken = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (self.max == 0 || n < self.max).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Some(Slot(self.clone())),
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Slots held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Calls and watches refused since start.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The error a refused `what` ("GetKeyValue of key \"k\"") answers: RESOURCE_EXHAUSTED.
+    pub fn refusal(&self, what: &str) -> CoordError {
+        CoordError::ResourceExhausted(format!(
+            "this leader already holds {} parked calls and watches, its bound across all clients (--max-parked-calls {}); {what} refused, retry later",
+            self.used(),
+            self.max
+        ))
+    }
+}
+
+/// Why [`WaitRegistry::park`] did not park.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotParked {
+    /// Leadership was lost since the caller's epoch.
+    LeaderLost,
+    /// The [`ParkBudget`] is spent.
+    Full,
+}
+
 pub struct WaitRegistry<K, V> {
     inner: Mutex<Inner<K, V>>,
+    budget: Arc<ParkBudget>,
     /// Mirror of the number of waiters, so apply skips the lock when nobody waits (the usual
     /// case for keys).
     parked: AtomicUsize,
@@ -45,9 +129,11 @@ struct Inner<K, V> {
     count: usize,
 }
 
-impl<K, V> Default for WaitRegistry<K, V> {
-    fn default() -> Self {
+impl<K, V> WaitRegistry<K, V> {
+    /// A registry whose waiters take their slots from `budget`.
+    pub fn new(budget: Arc<ParkBudget>) -> Self {
         Self {
+            budget,
             inner: Mutex::new(Inner {
                 by_key: HashMap::new(),
                 next_id: 0,
@@ -76,6 +162,18 @@ impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
         self.lock().epoch
     }
 
+    pub fn budget(&self) -> &Arc<ParkBudget> {
+        &self.budget
+    }
+
+    /// What a caller that could not park answers; `what` names the call for a refusal.
+    pub fn not_parked(&self, why: NotParked, what: impl FnOnce() -> String) -> CoordError {
+        match why {
+            NotParked::LeaderLost => CoordError::LeaderChanged,
+            NotParked::Full => self.budget.refusal(&what()),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.parked.load(Ordering::Relaxed)
     }
@@ -84,11 +182,20 @@ impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
         self.len() == 0
     }
 
-    /// Registers a waiter for `key`, unless leadership was lost since `epoch`.
-    pub fn park(self: &Arc<Self>, key: &K, epoch: u64) -> Option<Parked<K, V>> {
+    /// Registers a waiter for `key`, unless leadership was lost since `epoch` or the budget is
+    /// spent. The caller's `slot` is taken on its first park and kept across re-parks.
+    pub fn park(
+        self: &Arc<Self>,
+        key: &K,
+        epoch: u64,
+        slot: &mut Option<Slot>,
+    ) -> Result<Parked<K, V>, NotParked> {
+        if slot.is_none() {
+            *slot = Some(self.budget.take().ok_or(NotParked::Full)?);
+        }
         let mut g = self.lock();
         if g.epoch != epoch {
-            return None;
+            return Err(NotParked::LeaderLost);
         }
         let id = g.next_id;
         g.next_id += 1;
@@ -96,7 +203,7 @@ impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
         self.parked.store(g.count, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         g.by_key.entry(key.clone()).or_default().push((id, tx));
-        Some(Parked {
+        Ok(Parked {
             registry: self.clone(),
             key: key.clone(),
             id,
@@ -171,11 +278,25 @@ mod tests {
 
     type Gets = WaitRegistry<String, Bytes>;
 
+    fn gets(max: usize) -> Arc<Gets> {
+        Arc::new(Gets::new(ParkBudget::new(max)))
+    }
+
+    fn park(
+        p: &Arc<Gets>,
+        key: &str,
+        epoch: u64,
+    ) -> Result<(Parked<String, Bytes>, Slot), NotParked> {
+        let mut slot = None;
+        let parked = p.park(&key.to_string(), epoch, &mut slot)?;
+        Ok((parked, slot.expect("a parked call holds a slot")))
+    }
+
     #[tokio::test]
     async fn wakes_waiters_of_the_key_only() {
-        let p = Arc::new(Gets::default());
-        let mut a = p.park(&"a".to_string(), 0).expect("park");
-        let _b = p.park(&"b".to_string(), 0).expect("park");
+        let p = gets(0);
+        let (mut a, _) = park(&p, "a", 0).expect("park");
+        let _b = park(&p, "b", 0).expect("park");
         assert_eq!(p.len(), 2);
         p.wake(&"a".to_string(), &Bytes::from("v"));
         assert!(matches!(a.wait().await, Wake::Changed(v) if v == "v"));
@@ -185,13 +306,14 @@ mod tests {
 
     #[tokio::test]
     async fn leader_loss_fails_waiters_and_refuses_old_epochs() {
-        let p = Arc::new(Gets::default());
+        let p = gets(0);
         let epoch = p.epoch();
-        let mut a = p.park(&"a".to_string(), epoch).expect("park");
+        let (mut a, _) = park(&p, "a", epoch).expect("park");
         p.wake_all(|| Wake::LeaderLost);
         assert!(matches!(a.wait().await, Wake::LeaderLost));
-        assert!(
-            p.park(&"a".to_string(), epoch).is_none(),
+        assert_eq!(
+            park(&p, "a", epoch).err(),
+            Some(NotParked::LeaderLost),
             "a stale epoch must not park"
         );
         assert_eq!(p.len(), 0);
@@ -199,12 +321,47 @@ mod tests {
 
     #[test]
     fn cancelled_waiters_unregister() {
-        let p = Arc::new(Gets::default());
-        let a = p.park(&"k".to_string(), 0).expect("park");
-        let b = p.park(&"k".to_string(), 0).expect("park");
+        let p = gets(0);
+        let a = park(&p, "k", 0).expect("park");
+        let b = park(&p, "k", 0).expect("park");
         drop(a);
         assert_eq!(p.len(), 1);
         drop(b);
         assert_eq!(p.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_budget_is_shared_and_a_waiting_call_keeps_its_slot() {
+        let budget = ParkBudget::new(2);
+        let gets = Arc::new(Gets::new(budget.clone()));
+        let others = Arc::new(WaitRegistry::<(), ()>::new(budget.clone()));
+        let mut slot = None;
+        let mut a = gets.park(&"a".to_string(), 0, &mut slot).expect("first");
+        let mut other_slot = None;
+        let _o = others.park(&(), 0, &mut other_slot).expect("second");
+        let mut refused_slot = None;
+        assert_eq!(
+            gets.park(&"b".to_string(), 0, &mut refused_slot).err(),
+            Some(NotParked::Full)
+        );
+        assert!(refused_slot.is_none());
+        assert_eq!((budget.used(), budget.refused()), (2, 1));
+        // Woken, the first call parks again on the slot it holds, though the budget is spent.
+        gets.wake(&"a".to_string(), &Bytes::from("v"));
+        assert!(matches!(a.wait().await, Wake::Changed(_)));
+        drop(a);
+        let again = gets.park(&"a".to_string(), 0, &mut slot).expect("re-park");
+        drop(again);
+        drop(slot);
+        assert_eq!(budget.used(), 1);
+        let mut freed = None;
+        let _b = gets
+            .park(&"b".to_string(), 0, &mut freed)
+            .expect("room made");
+        let err = budget.refusal("GetKeyValue of key \"c\"");
+        assert!(
+            err.to_string().contains("--max-parked-calls 2") && err.to_string().contains("\"c\""),
+            "{err}"
+        );
     }
 }

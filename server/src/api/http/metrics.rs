@@ -186,6 +186,24 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Key watch streams served by this replica.",
         r.hub.watches.active.load(Relaxed) as f64,
     );
+    gauge(
+        &mut out,
+        "coord_parked_slots_used",
+        "Parked calls and watch streams counted against --max-parked-calls.",
+        r.hub.budget.used() as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_parked_slots_max",
+        "--max-parked-calls: the bound on parked calls and watches across all clients (0: none).",
+        r.hub.budget.max() as f64,
+    );
+    counter(
+        &mut out,
+        "coord_parked_refused_total",
+        "Blocking calls and watches refused RESOURCE_EXHAUSTED because --max-parked-calls was reached.",
+        r.hub.budget.refused(),
+    );
     let (tasks, open_barriers) = r.reader.read(|a| match &a.state.cluster {
         Some(c) => (
             [
