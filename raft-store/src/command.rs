@@ -165,8 +165,12 @@ pub enum Op {
         incarnation: u64,
     },
     /// An update of TensorFlow's tf.data dispatcher (`tensorflow.data.DispatcherService`).
-    /// Appended last.
     TfData(TfDataOp),
+    /// The leader's `--quota-bytes` (0: none), proposed when it differs from the state's (see
+    /// `state::quota`). Appended last.
+    SetQuota {
+        bytes: u64,
+    },
 }
 
 impl fmt::Display for Op {
@@ -215,6 +219,7 @@ impl fmt::Display for Op {
                 write!(f, "register_recoverable({task}, {incarnation:#x})")
             }
             Op::TfData(op) => write!(f, "tfdata.{op}"),
+            Op::SetQuota { bytes } => write!(f, "set_quota({bytes})"),
         }
     }
 }

@@ -9,15 +9,48 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::change::Change;
+use super::quota::KV_ENTRY_OVERHEAD;
 use crate::command::{CommandResult, Output};
 use crate::error::OpError;
 use crate::key::{dir_range, normalized};
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(from = "KvStoreWire")]
 pub struct KvStore {
     entries: BTreeMap<String, KvEntry>,
     /// The revision of the last change; 0 before the first.
     revision: u64,
+    /// What the entries count against the quota (see `quota`): derived from them, so not
+    /// stored; kept as they change.
+    #[serde(skip)]
+    bytes: u64,
+}
+
+/// A store as snapshots hold it.
+#[derive(Deserialize)]
+struct KvStoreWire {
+    entries: BTreeMap<String, KvEntry>,
+    revision: u64,
+}
+
+impl From<KvStoreWire> for KvStore {
+    fn from(w: KvStoreWire) -> Self {
+        let bytes = w
+            .entries
+            .iter()
+            .map(|(k, e)| entry_bytes(k, &e.value))
+            .sum();
+        KvStore {
+            entries: w.entries,
+            revision: w.revision,
+            bytes,
+        }
+    }
+}
+
+/// What one entry counts against the quota.
+fn entry_bytes(key: &str, value: &Bytes) -> u64 {
+    (key.len() + value.len()) as u64 + KV_ENTRY_OVERHEAD
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -50,6 +83,39 @@ impl KvStore {
 
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// What the entries count against the quota.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// How many bytes a put would add to [`Self::bytes`] (0 if it would not grow the store or
+    /// would fail).
+    pub(crate) fn growth_of_put(&self, key: &str, value: &Bytes, overwrite: bool) -> u64 {
+        let key = normalized(key);
+        match self.entries.get(key.as_ref()) {
+            Some(e) if overwrite => (value.len() as u64).saturating_sub(e.value.len() as u64),
+            Some(_) => 0,
+            None if key.is_empty() => 0,
+            None => entry_bytes(&key, value),
+        }
+    }
+
+    /// How many bytes an increment would add: a new key's, with room for any number.
+    pub(crate) fn growth_of_increment(&self, key: &str) -> u64 {
+        let key = normalized(key);
+        if key.is_empty() || self.entries.contains_key(key.as_ref()) {
+            0
+        } else {
+            entry_bytes(&key, &Bytes::from_static(b"-9223372036854775808"))
+        }
+    }
+
+    fn remove_entry(&mut self, key: &str) {
+        if let Some(e) = self.entries.remove(key) {
+            self.bytes -= entry_bytes(key, &e.value);
+        }
     }
 
     fn next_revision(&mut self) -> u64 {
@@ -88,7 +154,7 @@ impl KvStore {
             doomed.insert(0, key);
         }
         for k in &doomed {
-            self.entries.remove(k);
+            self.remove_entry(k);
             let revision = self.next_revision();
             changes.push(Change::KvDelete {
                 key: k.clone(),
@@ -108,7 +174,7 @@ impl KvStore {
             .map(|(k, _)| k.clone())
             .collect();
         for k in doomed {
-            self.entries.remove(&k);
+            self.remove_entry(&k);
             let revision = self.next_revision();
             changes.push(Change::KvDelete { key: k, revision });
         }
@@ -153,10 +219,12 @@ impl KvStore {
         match self.entries.entry(key) {
             Entry::Occupied(mut e) => {
                 let e = e.get_mut();
+                self.bytes = self.bytes + value.len() as u64 - e.value.len() as u64;
                 e.value = value;
                 e.mod_revision = revision;
             }
             Entry::Vacant(e) => {
+                self.bytes += entry_bytes(e.key(), &value);
                 e.insert(KvEntry {
                     value,
                     create_revision: revision,

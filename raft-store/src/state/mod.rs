@@ -19,6 +19,7 @@
 //! - `sessions`: the results kept so a retried request applies once.
 //! - `coordination`: the coordination service's transitions over the records.
 //! - `runs`: job runs: a job started again gets a clean run.
+//! - `quota`: the memory quota on the whole state.
 //! - this module: [`CoordState`] and `apply`, which routes each command.
 
 pub(crate) mod alive;
@@ -31,6 +32,7 @@ mod coordination_tests;
 #[cfg(test)]
 mod fuzz_tests;
 mod kv;
+mod quota;
 mod runs;
 mod sessions;
 pub(crate) mod tasks;
@@ -46,6 +48,7 @@ pub use coordination::{
     WAIT_FOR_ALL_TASKS_BARRIER,
 };
 pub use kv::{KvEntry, KvStore};
+pub use quota::Quota;
 pub use runs::JobRuns;
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
 pub use tasks::{
@@ -56,9 +59,23 @@ pub use tasks::{
 pub use crate::error::Code;
 
 use crate::command::{Command, CommandResult, Op, Output, Proposal};
-use crate::dispatcher::DispatcherState;
+use crate::dispatcher::{DispatchOp, DispatcherState};
 use crate::error::OpError;
-use crate::tfdata::TfDataState;
+use crate::tfdata::{TfDataOp, TfDataState};
+
+/// Whether `op` may grow the records outside the key-value store (everything but the store's own
+/// ops and the quota's).
+fn grows_records(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::KvPut { .. } | Op::KvDelete { .. } | Op::KvIncrement { .. } | Op::SetQuota { .. }
+    )
+}
+
+/// `value`'s encoded size: what it takes in a snapshot.
+fn encoded_len<T: Serialize>(value: &T) -> u64 {
+    crate::codec::encoded_len(value)
+}
 
 /// Everything the ensemble agrees on. A snapshot is exactly this value.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -71,8 +88,10 @@ pub struct CoordState {
     pub dispatcher: DispatcherState,
     /// Which run of the job this is (snapshots of the first format lack it).
     pub runs: JobRuns,
-    /// TensorFlow's tf.data dispatcher (last: snapshots before format 4 lack it).
+    /// TensorFlow's tf.data dispatcher (snapshots before format 4 lack it).
     pub tfdata: TfDataState,
+    /// The memory quota and its alarm (last: snapshots before format 5 lack it).
+    pub quota: Quota,
 }
 
 impl CoordState {
@@ -98,7 +117,86 @@ impl CoordState {
                 return previous;
             }
         }
-        let result = match &cmd.op {
+        let result = match self.quota_refusal(&cmd.op) {
+            Some(refusal) => {
+                self.quota.alarm = true;
+                Err(refusal)
+            }
+            None => self.apply_op(&cmd.op, now_ms, changes),
+        };
+        // A refused command grew nothing (its session record is measured with the sessions).
+        if result.is_ok()
+            && grows_records(&cmd.op)
+            && self.quota.note_record_write(encoded_len(&cmd.op))
+        {
+            self.measure_records();
+        }
+        self.quota.settle(self.usage());
+        // "Not set up yet" is a refusal to try again later, not an outcome: remembering it would
+        // answer the retry with the same refusal forever.
+        if let Some(req) = cmd
+            .request
+            .as_ref()
+            .filter(|_| result != Err(OpError::NoCluster))
+        {
+            self.sessions.record(req, &result);
+        }
+        result
+    }
+
+    /// Bytes the state counts against its quota.
+    pub fn usage(&self) -> u64 {
+        self.kv.bytes() + self.quota.records_bytes
+    }
+
+    /// The quota's refusal of `op`, if it would grow the state past the quota. Apply refuses it
+    /// and raises the alarm; while the alarm is up, the leader refuses such writes before
+    /// proposing them, so a writer past the quota cannot grow the Raft log either.
+    pub fn quota_refusal(&self, op: &Op) -> Option<OpError> {
+        let usage = self.usage();
+        let (growth, what): (u64, Box<dyn FnOnce() -> String>) = match op {
+            Op::KvPut {
+                key,
+                value,
+                overwrite,
+            } => (
+                self.kv.growth_of_put(key, value, *overwrite),
+                Box::new(move || format!("the put of key {key:?}")),
+            ),
+            Op::KvIncrement { key, .. } => (
+                self.kv.growth_of_increment(key),
+                Box::new(move || format!("the increment of new key {key:?}")),
+            ),
+            Op::Dispatch(
+                d @ (DispatchOp::RegisterDataset { .. } | DispatchOp::GetOrCreateJob { .. }),
+            ) => (encoded_len(op), Box::new(move || format!("dispatcher.{d}"))),
+            Op::TfData(
+                t @ (TfDataOp::RegisterDataset { .. }
+                | TfDataOp::GetOrCreateJob { .. }
+                | TfDataOp::GetOrCreateIteration { .. }),
+            ) => (encoded_len(op), Box::new(move || format!("tfdata.{t}"))),
+            _ => return None,
+        };
+        if growth == 0 {
+            return None;
+        }
+        self.quota.refusal(usage, growth, what)
+    }
+
+    /// Measures the records outside the key-value store (see `quota`).
+    fn measure_records(&mut self) {
+        let records = encoded_len(&(
+            &self.sessions,
+            &self.cluster,
+            &self.dispatcher,
+            &self.runs,
+            &self.tfdata,
+        ));
+        self.quota.measured(records);
+    }
+
+    fn apply_op(&mut self, op: &Op, now_ms: u64, changes: &mut Vec<Change>) -> CommandResult {
+        match op {
             Op::KvPut {
                 key,
                 value,
@@ -126,6 +224,11 @@ impl CoordState {
                 self.end_run(changes);
                 Ok(Output::Done)
             }
+            Op::SetQuota { bytes } => {
+                self.quota.bytes = *bytes;
+                self.measure_records();
+                Ok(Output::Done)
+            }
             op => {
                 if let Op::RegisterTask { task, incarnation }
                 | Op::RegisterRecoverableTask { task, incarnation }
@@ -137,17 +240,7 @@ impl CoordState {
                 }
                 self.apply_to_cluster(op, now_ms, changes)
             }
-        };
-        // "Not set up yet" is a refusal to try again later, not an outcome: remembering it would
-        // answer the retry with the same refusal forever.
-        if let Some(req) = cmd
-            .request
-            .as_ref()
-            .filter(|_| result != Err(OpError::NoCluster))
-        {
-            self.sessions.record(req, &result);
         }
-        result
     }
 
     fn apply_to_cluster(
@@ -225,7 +318,8 @@ fn apply_coordination(
         | Op::InitCluster { .. }
         | Op::EndRun { .. }
         | Op::Dispatch(_)
-        | Op::TfData(_) => Err(OpError::Status {
+        | Op::TfData(_)
+        | Op::SetQuota { .. } => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),
         }),

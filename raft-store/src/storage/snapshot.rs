@@ -7,8 +7,9 @@
 //!
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
 //! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state, version 3 per-task
-//! recoverability, version 4 TensorFlow's tf.data dispatcher; older snapshots still read (as run
-//! 0, with no recoverable task, with an empty tf.data dispatcher).
+//! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota; older
+//! snapshots still read (as run 0, with no recoverable task, with an empty tf.data dispatcher,
+//! with no quota until the leader sets one).
 
 use std::fs;
 use std::io;
@@ -23,7 +24,7 @@ use crate::types::SnapshotMeta;
 use super::files;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 4;
+const FORMAT_VERSION: u32 = 5;
 const FILE_NAME: &str = "snapshot.bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +78,12 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
             let v3: SnapshotBodyV3 =
                 codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
             return Ok(v3.into());
+        }
+        Some(4) => {
+            let body = files::unframe(MAGIC, 4, bytes).map_err(corrupt)?;
+            let v4: SnapshotBodyV4 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v4.into());
         }
         _ => {}
     }
@@ -143,6 +150,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
                 dispatcher,
                 runs: Default::default(),
                 tfdata: Default::default(),
+                quota: Default::default(),
             },
         }
     }
@@ -182,6 +190,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
                 dispatcher,
                 runs,
                 tfdata: Default::default(),
+                quota: Default::default(),
             },
         }
     }
@@ -221,6 +230,49 @@ impl From<SnapshotBodyV3> for SnapshotBody {
                 dispatcher,
                 runs,
                 tfdata: Default::default(),
+                quota: Default::default(),
+            },
+        }
+    }
+}
+
+/// A snapshot of format 4: no memory quota.
+#[derive(Deserialize)]
+struct SnapshotBodyV4 {
+    meta: SnapshotMeta,
+    state: StateV4,
+}
+
+#[derive(Deserialize)]
+struct StateV4 {
+    kv: crate::state::KvStore,
+    sessions: crate::state::SessionTable,
+    cluster: Option<Cluster>,
+    dispatcher: crate::dispatcher::DispatcherState,
+    runs: crate::state::JobRuns,
+    tfdata: crate::tfdata::TfDataState,
+}
+
+impl From<SnapshotBodyV4> for SnapshotBody {
+    fn from(v4: SnapshotBodyV4) -> Self {
+        let StateV4 {
+            kv,
+            sessions,
+            cluster,
+            dispatcher,
+            runs,
+            tfdata,
+        } = v4.state;
+        SnapshotBody {
+            meta: v4.meta,
+            state: CoordState {
+                kv,
+                sessions,
+                cluster,
+                dispatcher,
+                runs,
+                tfdata,
+                quota: Default::default(),
             },
         }
     }
@@ -332,7 +384,7 @@ mod tests {
         )
         .expect("encode");
         let read = decode(&files::frame(MAGIC, 1, &v1), "v1").expect("a format-1 snapshot reads");
-        assert_eq!(read.state, b.state);
+        assert_eq!(read.state, without_quota(&b.state));
         assert_eq!(read.state.runs.number, 0);
     }
 
@@ -401,7 +453,7 @@ mod tests {
         )
         .expect("encode");
         let read = decode(&files::frame(MAGIC, 2, &v2), "v2").expect("a format-2 snapshot reads");
-        assert_eq!(read.state, b.state);
+        assert_eq!(read.state, without_quota(&b.state));
         let cluster = read.state.cluster.expect("the cluster");
         assert!(cluster.recoverable_tasks.is_empty());
         assert_eq!(
@@ -415,6 +467,63 @@ mod tests {
 
     /// A snapshot written before TensorFlow's tf.data dispatcher existed (format 3), with a key
     /// and a cluster in it, still reads, with an empty dispatcher.
+    /// What a snapshot from before the quota reads as: the state with no quota set.
+    fn without_quota(state: &CoordState) -> CoordState {
+        CoordState {
+            quota: Default::default(),
+            ..state.clone()
+        }
+    }
+
+    /// A snapshot written before the memory quota (format 4) reads with no quota, and its store
+    /// counts the same bytes as the store that wrote it.
+    #[test]
+    fn a_format_4_snapshot_reads_with_no_quota() {
+        use crate::command::Op;
+        #[derive(Serialize)]
+        struct V4<'a> {
+            meta: &'a SnapshotMeta,
+            kv: &'a crate::state::KvStore,
+            sessions: &'a crate::state::SessionTable,
+            cluster: &'a Option<crate::state::Cluster>,
+            dispatcher: &'a crate::dispatcher::DispatcherState,
+            runs: &'a crate::state::JobRuns,
+            tfdata: &'a crate::tfdata::TfDataState,
+        }
+        let mut b = body();
+        let ops = (0..20)
+            .map(|i| Op::KvPut {
+                key: format!("k/{}", i % 7),
+                value: bytes::Bytes::from(vec![b'v'; i * 10]),
+                overwrite: true,
+            })
+            .chain([
+                Op::KvDelete { key: "k/3".into() },
+                Op::SetQuota { bytes: 1 << 20 },
+            ])
+            .collect();
+        applied(&mut b, ops);
+        let s = &b.state;
+        assert_eq!(s.quota.bytes, 1 << 20);
+        let v4 = codec::encode(
+            "snapshot",
+            &V4 {
+                meta: &b.meta,
+                kv: &s.kv,
+                sessions: &s.sessions,
+                cluster: &s.cluster,
+                dispatcher: &s.dispatcher,
+                runs: &s.runs,
+                tfdata: &s.tfdata,
+            },
+        )
+        .expect("encode");
+        let read = decode(&files::frame(MAGIC, 4, &v4), "v4").expect("a format-4 snapshot reads");
+        assert_eq!(read.state, without_quota(&b.state));
+        assert_eq!(read.state.kv.bytes(), b.state.kv.bytes());
+        assert!(read.state.kv.bytes() > 0);
+    }
+
     #[test]
     fn a_format_3_snapshot_reads_with_an_empty_tf_dispatcher() {
         use crate::command::Op;
@@ -462,7 +571,7 @@ mod tests {
         )
         .expect("encode");
         let read = decode(&files::frame(MAGIC, 3, &v3), "v3").expect("a format-3 snapshot reads");
-        assert_eq!(read.state, b.state);
+        assert_eq!(read.state, without_quota(&b.state));
         assert_eq!(read.state.tfdata, crate::tfdata::TfDataState::default());
     }
 

@@ -45,7 +45,9 @@ impl AdminService {
     /// The membership as this replica sees it (after a change, on the leader: the new one).
     fn members(&self) -> pb::MembershipReply {
         pb::MembershipReply {
-            members: ReplicaStatus::of(&self.raft).to_proto().members,
+            members: ReplicaStatus::of(&self.raft, &self.core.reader)
+                .to_proto()
+                .members,
         }
     }
 }
@@ -57,7 +59,7 @@ impl pb::admin_server::Admin for AdminService {
         _: tonic::Request<pb::StatusRequest>,
     ) -> Result<tonic::Response<pb::StatusReply>, tonic::Status> {
         Ok(tonic::Response::new(
-            ReplicaStatus::of(&self.raft).to_proto(),
+            ReplicaStatus::of(&self.raft, &self.core.reader).to_proto(),
         ))
     }
 
@@ -138,7 +140,7 @@ impl pb::admin_server::Admin for AdminService {
         req: tonic::Request<pb::SnapshotRequest>,
     ) -> Result<tonic::Response<pb::SnapshotReply>, tonic::Status> {
         self.not_a_task(&req, "Snapshot")?;
-        let applied = ReplicaStatus::of(&self.raft).last_applied;
+        let applied = ReplicaStatus::of(&self.raft, &self.core.reader).last_applied;
         self.raft
             .trigger()
             .snapshot()

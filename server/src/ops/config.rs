@@ -8,6 +8,10 @@ use std::time::Duration;
 use clap::Parser;
 use coord_raft_store::state::ClusterConfig;
 
+/// The largest `--quota-bytes`: with the records it counts, a state under it encodes well within
+/// what a snapshot may decode to (`coord_raft_store::codec::MAX_DECODED_BYTES`).
+pub const MAX_QUOTA_BYTES: u64 = 4 << 30;
+
 /// One replica of a coord ensemble.
 ///
 /// Start every replica of a new ensemble with the same `--initial-cluster` (and `--cluster-token`);
@@ -92,6 +96,12 @@ pub struct Args {
     /// the bound new ones fail RESOURCE_EXHAUSTED at once and the replica stays healthy.
     #[arg(long, default_value_t = 50_000)]
     pub max_parked_calls: usize,
+
+    /// The memory quota on the replicated state, in bytes (keys, values, task and dispatcher
+    /// records; 0: none). Past it writes that grow the state fail RESOURCE_EXHAUSTED and an alarm
+    /// is raised until deletes bring usage below 95% of it. At most 4 GiB. The leader's is in force.
+    #[arg(long, default_value_t = 2 << 30)]
+    pub quota_bytes: u64,
 
     /// Concurrent HTTP/2 streams per client connection (each parked call holds one); further
     /// calls wait in the client for a free stream. tonic's own default is no limit.
@@ -303,6 +313,12 @@ impl Args {
         }
         if self.heartbeat_ms * 2 > self.election_timeout_min_ms {
             return Err("--heartbeat-ms must be at most half of --election-timeout-min-ms".into());
+        }
+        if self.quota_bytes > MAX_QUOTA_BYTES {
+            return Err(format!(
+                "--quota-bytes {} is over the largest quota, {MAX_QUOTA_BYTES} bytes (4 GiB): a snapshot of the whole state must stay decodable",
+                self.quota_bytes
+            ));
         }
         if self.max_inflight_proposals == 0 {
             return Err("--max-inflight-proposals must be at least 1".into());

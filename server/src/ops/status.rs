@@ -2,6 +2,7 @@
 //! `coord.admin.Admin/Status` (see [`crate::api::admin`]).
 
 use coord_proto::coord::admin as pb;
+use coord_raft_store::storage::StateReader;
 use coord_raft_store::types::{NodeId, Raft};
 use openraft::ServerState;
 use serde::Serialize;
@@ -19,6 +20,12 @@ pub struct ReplicaStatus {
     pub members: Vec<MemberStatus>,
     /// Leader only: ms since a quorum last acknowledged it.
     pub millis_since_quorum_ack: Option<u64>,
+    /// The memory quota on the replicated state (0: none), as this replica applied it.
+    pub quota_bytes: u64,
+    /// Bytes of the replicated state counted against the quota.
+    pub state_bytes: u64,
+    /// A write was refused for the quota and usage has not fallen below 95% of it since.
+    pub quota_alarm: bool,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -41,7 +48,12 @@ pub fn state_name(s: ServerState) -> &'static str {
 }
 
 impl ReplicaStatus {
-    pub fn of(raft: &Raft) -> Self {
+    /// This replica's view: Raft's from `raft`, the quota's from its applied state.
+    pub fn of(raft: &Raft, reader: &StateReader) -> Self {
+        let (quota_bytes, state_bytes, quota_alarm) = reader.read(|a| {
+            let s = &a.state;
+            (s.quota.bytes, s.usage(), s.quota.alarm)
+        });
         let m = raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -69,6 +81,9 @@ impl ReplicaStatus {
             purged_index: m.purged.map_or(0, |l| l.index),
             members,
             millis_since_quorum_ack: m.millis_since_quorum_ack,
+            quota_bytes,
+            state_bytes,
+            quota_alarm,
         }
     }
 
@@ -93,6 +108,9 @@ impl ReplicaStatus {
             millis_since_quorum_ack: self.millis_since_quorum_ack,
             snapshot_index: self.snapshot_index,
             purged_index: self.purged_index,
+            quota_bytes: self.quota_bytes,
+            state_bytes: self.state_bytes,
+            quota_alarm: self.quota_alarm,
         }
     }
 }

@@ -217,6 +217,15 @@ impl Replica {
             "tfdata-timers",
             crate::serve::tfdata::timers::run(tfdata.clone(), leader.clone()),
         );
+        tasks.spawn(
+            "quota",
+            crate::serve::quota::run(
+                args.quota_bytes,
+                leader.clone(),
+                reader.clone(),
+                proposer.clone(),
+            ),
+        );
         let cluster_config = args.cluster().map_err(StartError::Config)?;
         tasks.spawn(
             "cluster-init",
@@ -517,7 +526,7 @@ impl Replica {
     }
 
     pub fn status(&self) -> status::ReplicaStatus {
-        status::ReplicaStatus::of(&self.raft)
+        status::ReplicaStatus::of(&self.raft, &self.kv.reader)
     }
 
     /// What the HTTP port reads of this replica.

@@ -86,16 +86,23 @@ impl KvCore {
             )));
         }
         self.check_room(&key)?;
-        self.commit(
-            id,
-            Op::KvPut {
-                key,
-                value,
-                overwrite,
-            },
-        )
-        .await?;
+        let op = Op::KvPut {
+            key,
+            value,
+            overwrite,
+        };
+        self.check_quota(&op)?;
+        self.commit(id, op).await?;
         Ok(())
+    }
+
+    /// While the quota alarm is up, refuses a write the quota would refuse, before proposing it
+    /// (the first refused write is committed: that raises the alarm on every replica).
+    fn check_quota(&self, op: &Op) -> Result<(), CoordError> {
+        self.reader.read(|a| match a.state.quota.alarm {
+            true => a.state.quota_refusal(op).map_or(Ok(()), |e| Err(e.into())),
+            false => Ok(()),
+        })
     }
 
     /// Refuses a new key when the store is full (`--max-keys`). An existing key may always be
@@ -135,7 +142,9 @@ impl KvCore {
     ) -> Result<Bytes, CoordError> {
         let key = self.check_key(raw_key, "key")?;
         self.check_room(&key)?;
-        match self.commit(id, Op::KvIncrement { key, delta }).await? {
+        let op = Op::KvIncrement { key, delta };
+        self.check_quota(&op)?;
+        match self.commit(id, op).await? {
             Output::Value(v) => Ok(v),
             other => Err(CoordError::Internal(format!(
                 "increment returned {other:?}"

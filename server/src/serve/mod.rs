@@ -8,7 +8,8 @@
 //! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
 //!   key changes in the [`watch_hub`].
 //! - Leader duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`] (silent
-//!   tasks go to ERROR), [`barrier_timer`] (barrier deadlines).
+//!   tasks go to ERROR), [`barrier_timer`] (barrier deadlines), [`quota`] (its `--quota-bytes`
+//!   put in force).
 
 pub mod apply_hub;
 pub mod barrier_timer;
@@ -19,6 +20,7 @@ pub mod heartbeats;
 pub mod kv;
 pub mod parked;
 pub mod proposer;
+pub mod quota;
 pub mod read_index;
 pub mod route;
 pub mod tfdata;

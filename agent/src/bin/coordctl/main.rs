@@ -284,7 +284,18 @@ async fn status(
         .find(|s| s.state == "Leader")
         .map(|s| s.last_log_index);
     let mut t = Table::new(&[
-        "ENDPOINT", "ID", "STATE", "LEADER", "TERM", "LAST LOG", "APPLIED", "LAG", "ERROR",
+        "ENDPOINT",
+        "ID",
+        "STATE",
+        "LEADER",
+        "TERM",
+        "LAST LOG",
+        "APPLIED",
+        "LAG",
+        "STATE BYTES",
+        "QUOTA BYTES",
+        "ALARM",
+        "ERROR",
     ]);
     for (ep, r) in replies {
         match r {
@@ -297,12 +308,22 @@ async fn status(
                 json!(s.last_log_index),
                 json!(s.last_applied),
                 json!(leader_log.map(|l| l.saturating_sub(s.last_applied))),
+                json!(s.state_bytes),
+                json!(s.quota_bytes),
+                if s.quota_alarm {
+                    json!("NOSPACE")
+                } else {
+                    Value::Null
+                },
                 Value::Null,
             ]),
             Err(e) => t.push(vec![
                 json!(ep),
                 Value::Null,
                 json!("unreachable"),
+                Value::Null,
+                Value::Null,
+                Value::Null,
                 Value::Null,
                 Value::Null,
                 Value::Null,

@@ -45,6 +45,24 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Last index covered by the snapshot.",
         st.snapshot_index as f64,
     );
+    gauge(
+        &mut out,
+        "coord_state_bytes",
+        "Bytes of the replicated state counted against the memory quota (keys, values, records).",
+        st.state_bytes as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_quota_bytes",
+        "The memory quota on the replicated state (--quota-bytes; 0: none).",
+        st.quota_bytes as f64,
+    );
+    gauge(
+        &mut out,
+        "coord_quota_alarm",
+        "1 while the quota alarm is raised: a write was refused for the quota and usage has not fallen below 95% of it since.",
+        f64::from(u8::from(st.quota_alarm)),
+    );
     r.rpcs.render_rpcs(&mut out);
 
     let p = &r.proposer;

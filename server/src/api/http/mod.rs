@@ -60,7 +60,7 @@ pub struct Observed {
 
 impl Observed {
     fn status(&self) -> ReplicaStatus {
-        ReplicaStatus::of(&self.raft)
+        ReplicaStatus::of(&self.raft, &self.reader)
     }
 }
 

@@ -30,6 +30,8 @@ pub(super) struct Overview {
     barriers: Vec<BarrierLine>,
     /// Why tasks or barriers could not be read (no leader, ...), for the page's banner.
     problem: Option<String>,
+    /// The memory quota's alarm, as the replicas report it, for the page's banner.
+    quota_alarm: Option<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -45,6 +47,7 @@ struct ReplicaRow {
     last_log_index: Option<u64>,
     last_applied: Option<u64>,
     lag: Option<u64>,
+    state_bytes: Option<u64>,
 }
 
 #[derive(serde::Serialize)]
@@ -88,6 +91,16 @@ pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
         leader_view.map(|v| v.id),
         leader_view.map(|v| v.last_log_index),
     );
+    let quota_alarm = views
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .find(|v| v.quota_alarm)
+        .map(|v| {
+            format!(
+                "memory quota alarm: the replicated state holds {} of its {}-byte quota (--quota-bytes); writes that grow it are refused until deletes bring it below 95%",
+                v.state_bytes, v.quota_bytes
+            )
+        });
     let replicas = views
         .into_iter()
         .map(|(m, v)| ReplicaRow {
@@ -109,6 +122,7 @@ pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
             term: v.as_ref().map(|v| v.term),
             last_log_index: v.as_ref().map(|v| v.last_log_index),
             last_applied: v.as_ref().map(|v| v.last_applied),
+            state_bytes: v.as_ref().map(|v| v.state_bytes),
         })
         .collect();
 
@@ -168,6 +182,7 @@ pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
         tasks,
         barriers,
         problem,
+        quota_alarm,
     })
 }
 

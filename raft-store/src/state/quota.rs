@@ -1,0 +1,202 @@
+//! The memory quota on the replicated state (`--quota-bytes`, etcd's `--quota-backend-bytes`).
+//!
+//! The state lives in memory on every replica, so one client writing large values would grow all
+//! three together until all are killed for memory at once. The quota bounds the state's bytes:
+//! keys and values (counted exactly, with a per-entry overhead) plus the records outside the store
+//! (tasks, barriers, both dispatchers, request sessions), measured as their encoded size.
+//!
+//! Everything here is decided in `apply`, from the state alone, so every replica agrees on which
+//! write was refused: the bound itself is replicated (the leader proposes its flag with
+//! [`Op::SetQuota`](crate::Op::SetQuota)), and the records are re-measured after every
+//! [`MEASURE_EVERY`] commands that may grow them, each such command counted by its own encoded
+//! size in between (an over-estimate until the next measure).
+//!
+//! Past the quota a write that would grow the state fails `RESOURCE_EXHAUSTED` naming the quota
+//! and raises the alarm; deletes, reads, overwrites that do not grow, and the coordination
+//! service's own records (bounded by the job's size) still go through. The alarm clears when usage
+//! falls below [`CLEAR_BELOW_PERCENT`] of the quota, so a writer at the edge does not flap it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Code, OpError};
+
+/// Bytes counted for a key beyond its key and value bytes: the map node's share and the entry's
+/// revisions.
+pub const KV_ENTRY_OVERHEAD: u64 = 64;
+/// Commands that may grow the records between two measures of them.
+pub const MEASURE_EVERY: u32 = 256;
+/// The alarm clears when usage falls below this percentage of the quota.
+pub const CLEAR_BELOW_PERCENT: u64 = 95;
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// The bound in bytes; 0: none (a state no leader has set a quota on yet).
+    pub bytes: u64,
+    /// The records outside the key-value store, in bytes: measured, plus the encoded size of
+    /// every command that may have grown them since.
+    pub records_bytes: u64,
+    /// Commands that may have grown the records since they were last measured.
+    since_measured: u32,
+    /// A write was refused for the quota and usage has not fallen back far enough since.
+    pub alarm: bool,
+}
+
+impl Quota {
+    /// `Some(refusal)` if `growth` more bytes on top of `usage` would pass the quota. `what`
+    /// names the write ("the put of key \"k\"").
+    pub(crate) fn refusal(
+        &self,
+        usage: u64,
+        growth: u64,
+        what: impl FnOnce() -> String,
+    ) -> Option<OpError> {
+        if self.bytes == 0 || usage.saturating_add(growth) <= self.bytes {
+            return None;
+        }
+        Some(OpError::Status {
+            code: Code::ResourceExhausted,
+            message: format!(
+                "the replicated state holds {usage} bytes of its {}-byte quota (--quota-bytes): {} needs {growth} more and is refused; delete keys or raise the quota",
+                self.bytes,
+                what()
+            ),
+        })
+    }
+
+    /// Counts a command that may have grown the records by `encoded` bytes; true when they are
+    /// due to be measured.
+    pub(crate) fn note_record_write(&mut self, encoded: u64) -> bool {
+        self.records_bytes = self.records_bytes.saturating_add(encoded);
+        self.since_measured += 1;
+        self.since_measured >= MEASURE_EVERY
+    }
+
+    pub(crate) fn measured(&mut self, records_bytes: u64) {
+        self.records_bytes = records_bytes;
+        self.since_measured = 0;
+    }
+
+    /// Clears the alarm once `usage` fell far enough below the quota (or the quota was lifted).
+    pub(crate) fn settle(&mut self, usage: u64) {
+        if self.alarm
+            && (self.bytes == 0
+                || u128::from(usage) * 100
+                    < u128::from(self.bytes) * u128::from(CLEAR_BELOW_PERCENT))
+        {
+            self.alarm = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_past_the_bound_and_clears_below_95_percent() {
+        let mut q = Quota::default();
+        assert!(
+            q.refusal(10, u64::MAX, String::new).is_none(),
+            "no quota set"
+        );
+        q.bytes = 1000;
+        assert!(
+            q.refusal(900, 100, String::new).is_none(),
+            "exactly at the bound"
+        );
+        let refusal = q.refusal(900, 101, || "put of key \"k\"".into());
+        let Some(OpError::Status { code, message }) = refusal else {
+            panic!("not refused: {refusal:?}");
+        };
+        assert_eq!(code, Code::ResourceExhausted);
+        assert!(
+            message.contains("1000-byte quota (--quota-bytes)") && message.contains("\"k\""),
+            "{message}"
+        );
+        q.alarm = true;
+        q.settle(960);
+        assert!(q.alarm, "still above 95%");
+        q.settle(949);
+        assert!(!q.alarm);
+    }
+
+    #[test]
+    fn records_are_remeasured_every_so_many_writes() {
+        let mut q = Quota::default();
+        for _ in 1..MEASURE_EVERY {
+            assert!(!q.note_record_write(10));
+        }
+        assert!(q.note_record_write(10));
+        assert_eq!(q.records_bytes, 10 * u64::from(MEASURE_EVERY));
+        q.measured(77);
+        assert_eq!(q.records_bytes, 77);
+        assert!(!q.note_record_write(1));
+    }
+
+    /// Through `apply`: writes that grow are refused past the quota and change nothing but the
+    /// alarm; deletes, shrinking overwrites and reads go on; the alarm clears as usage falls.
+    #[test]
+    fn apply_refuses_growth_past_the_quota_and_nothing_else() {
+        use bytes::Bytes;
+
+        use crate::command::{Command, Op, Output, Proposal};
+        use crate::state::CoordState;
+
+        let mut s = CoordState::default();
+        let mut at = 0;
+        let mut apply = |s: &mut CoordState, op: Op| {
+            at += 1;
+            let out = s.apply(
+                &Proposal::new(at, vec![Command { request: None, op }]),
+                &mut Vec::new(),
+            );
+            out.into_iter().next().expect("one result")
+        };
+        let put = |k: &str, n: usize| Op::KvPut {
+            key: k.into(),
+            value: Bytes::from(vec![b'x'; n]),
+            overwrite: true,
+        };
+        assert_eq!(
+            apply(&mut s, Op::SetQuota { bytes: 10_000 }),
+            Ok(Output::Done)
+        );
+        let mut stored = 0;
+        let refused = loop {
+            match apply(&mut s, put(&format!("k/{stored}"), 1_000)) {
+                Ok(_) => stored += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            stored, 9,
+            "each key counts 1,000 value bytes + 3 key bytes + 64"
+        );
+        assert!(s.usage() <= 10_000 && s.quota.alarm);
+        assert!(refused.to_string().contains("\"k/9\""), "{refused}");
+        let before = s.clone();
+        assert!(apply(&mut s, put("k/9", 1_000)).is_err());
+        let long = "n".repeat(500);
+        assert!(apply(
+            &mut s,
+            Op::KvIncrement {
+                key: long,
+                delta: 1
+            }
+        )
+        .is_err());
+        assert_eq!(s, before, "a refused write changes nothing");
+        // Overwrites that do not grow, and deletes, go through.
+        assert_eq!(apply(&mut s, put("k/0", 900)), Ok(Output::Done));
+        assert!(s.quota.alarm, "still above 95% of the quota");
+        assert_eq!(
+            apply(&mut s, Op::KvDelete { key: "k/1".into() }),
+            Ok(Output::Deleted(1))
+        );
+        assert!(!s.quota.alarm, "usage {} fell below 95%", s.usage());
+        assert_eq!(apply(&mut s, put("k/9", 1_000)), Ok(Output::Done));
+        // Lifting the quota lifts every refusal.
+        assert_eq!(apply(&mut s, Op::SetQuota { bytes: 0 }), Ok(Output::Done));
+        assert_eq!(apply(&mut s, put("big", 100_000)), Ok(Output::Done));
+    }
+}
