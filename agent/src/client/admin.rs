@@ -5,12 +5,16 @@ use std::time::Duration;
 
 use coord_proto::coord::admin::admin_client::AdminClient;
 use coord_proto::coord::admin::{
-    AddMemberRequest, BarriersReply, BarriersRequest, Member, RemoveMemberRequest,
-    ShutdownServiceRequest, SnapshotRequest, StatusReply, StatusRequest, TasksReply, TasksRequest,
+    AddMemberRequest, BackupChunk, BackupRequest, BarriersReply, BarriersRequest, Member,
+    RemoveMemberRequest, ShutdownServiceRequest, SnapshotRequest, StatusReply, StatusRequest,
+    TasksReply, TasksRequest,
 };
 use tonic::{Code, Request, Status};
 
 use super::CoordClient;
+
+/// How long the leader may take to copy and encode the state before a backup's first piece.
+const BACKUP_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl CoordClient {
     /// One replica's own view of the ensemble (`coord.admin.Admin/Status`), no retries.
@@ -85,6 +89,50 @@ impl CoordClient {
         req.set_timeout(Duration::from_secs(90));
         let reply = AdminClient::new(ch).snapshot(req).await?;
         Ok(reply.into_inner().snapshot_index)
+    }
+
+    /// A backup of the whole replicated state from the leader (`coord.admin.Admin/Backup`): what
+    /// it holds (the first piece, without data) and the backup file's bytes. A backup cut off (the
+    /// leader lost) is taken again from the new one.
+    pub async fn backup(&self) -> Result<(BackupChunk, Vec<u8>), Status> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let mut stream = self
+                .call_with(
+                    BackupRequest {},
+                    None,
+                    Some(BACKUP_START_TIMEOUT),
+                    |ch, r| async move { AdminClient::new(ch).backup(r).await },
+                )
+                .await?;
+            let mut file = Vec::new();
+            let mut about = None;
+            let cut = loop {
+                match stream.message().await {
+                    Ok(Some(mut chunk)) => {
+                        file.extend_from_slice(&chunk.data);
+                        if about.is_none() {
+                            chunk.data = Default::default();
+                            about = Some(chunk);
+                        }
+                    }
+                    Ok(None) => {
+                        return match about {
+                            Some(a) if a.total_bytes == file.len() as u64 => Ok((a, file)),
+                            _ => Err(Status::data_loss(format!(
+                                "the backup stream ended after {} bytes, short of the file",
+                                file.len()
+                            ))),
+                        }
+                    }
+                    Err(e) => break e,
+                }
+            };
+            if cut.code() != Code::Unavailable || attempts >= 3 {
+                return Err(cut);
+            }
+        }
     }
 
     /// The membership, as the leader (or, failing that, any replica) reports it.

@@ -6,10 +6,12 @@
 //! - [`log_store`]: openraft's `RaftLogStorage` over the [`wal`].
 //! - [`witness`]: what the log must at least contain, kept beside it to catch damage.
 //! - [`snapshot`]: the checksummed snapshot file; [`files`]: self-checking atomic files.
+//! - [`backup`]: backup files, and the base state a restored replica starts from.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over the in-memory [`crate::CoordState`].
 //!
 //! A data directory holds `raft/` (the log segments and `witness.bin`) and `snapshots/`.
 
+pub mod backup;
 pub mod files;
 pub mod flusher;
 mod log_index;
@@ -28,6 +30,9 @@ pub use flusher::SyncHook;
 pub use log_store::LogStore;
 pub use snapshot::SnapshotError;
 pub use state_machine::{Applied, ApplyListener, StateMachineStore, StateReader};
+
+/// The snapshot directory in a data directory.
+pub const SNAPSHOT_DIR: &str = "snapshots";
 
 /// How to open a replica's storage.
 #[derive(Clone, Default)]
@@ -109,7 +114,7 @@ pub fn open(
         source,
     })?;
     let log_store = LogStore::new(wal, flusher, witness, positions);
-    let snapshots = snapshot::SnapshotDir::open(&data_dir.join("snapshots"))?;
+    let snapshots = snapshot::SnapshotDir::open(&data_dir.join(SNAPSHOT_DIR))?;
     let state_machine = StateMachineStore::open(snapshots, listener)?;
     check_consistency(&log_store, &state_machine, witnessed.as_ref()).map_err(damaged)?;
     let fresh = witnessed.is_none();

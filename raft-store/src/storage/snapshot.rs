@@ -312,6 +312,18 @@ impl SnapshotDir {
         }
     }
 
+    /// The base state of a restored replica (see [`super::backup`]), if there is one.
+    pub(crate) fn load_base(&self) -> Result<Option<SnapshotBody>, SnapshotError> {
+        let path = self.dir.join(super::backup::BASE_FILE);
+        match files::read_if_exists(&path).map_err(|source| SnapshotError::Io {
+            path: path.clone(),
+            source,
+        })? {
+            None => Ok(None),
+            Some(bytes) => decode(&bytes, &path.display().to_string()).map(Some),
+        }
+    }
+
     /// Durably replaces the current snapshot with `bytes` (already encoded and checked).
     pub(crate) fn replace(&self, bytes: &[u8]) -> Result<(), SnapshotError> {
         files::write_atomically(&self.dir, FILE_NAME, bytes).map_err(|source| SnapshotError::Io {

@@ -79,7 +79,8 @@ fn sm_err<E: std::error::Error + 'static>(e: E) -> StorageError {
 }
 
 impl StateMachineStore {
-    /// Opens the snapshot directory and loads the latest snapshot, if any.
+    /// Opens the snapshot directory and loads the latest snapshot, if any; a restored replica
+    /// without one starts from its base state (see [`super::backup`]).
     pub(crate) fn open(
         snapshots: SnapshotDir,
         listener: Arc<dyn ApplyListener>,
@@ -90,6 +91,13 @@ impl StateMachineStore {
             g.state = body.state;
             g.last_applied = body.meta.last_log_id;
             g.membership = body.meta.last_membership;
+        } else if let Some(base) = snapshots.load_base()? {
+            tracing::info!(
+                keys = base.state.kv.len(),
+                revision = base.state.kv.revision(),
+                "starting from the restored base state"
+            );
+            reader.lock_write().state = base.state;
         }
         Ok(Self {
             reader,

@@ -15,6 +15,9 @@ pub struct AdminService {
     router: std::sync::Arc<crate::serve::route::Router>,
     core: std::sync::Arc<crate::serve::coordination::CoordCore>,
     membership: crate::raft::membership::MembershipAdmin,
+    /// Who leads, and this ensemble's cluster id, for backups.
+    leader: crate::raft::leader::LeaderWatch,
+    cluster_id: u64,
 }
 
 impl AdminService {
@@ -23,12 +26,16 @@ impl AdminService {
         router: std::sync::Arc<crate::serve::route::Router>,
         core: std::sync::Arc<crate::serve::coordination::CoordCore>,
         membership: crate::raft::membership::MembershipAdmin,
+        leader: crate::raft::leader::LeaderWatch,
+        cluster_id: u64,
     ) -> Self {
         Self {
             raft,
             router,
             core,
             membership,
+            leader,
+            cluster_id,
         }
     }
 
@@ -135,6 +142,19 @@ impl pb::admin_server::Admin for AdminService {
     }
 
     /// Not routed: every replica snapshots its own state.
+    type BackupStream = crate::api::backup::BackupStream;
+
+    async fn backup(
+        &self,
+        req: tonic::Request<pb::BackupRequest>,
+    ) -> Result<tonic::Response<Self::BackupStream>, tonic::Status> {
+        self.not_a_task(&req, "Backup")?;
+        let me = self.raft.metrics().borrow().id;
+        crate::api::backup::take(&self.core, &self.leader, me, self.cluster_id)
+            .await
+            .map(tonic::Response::new)
+    }
+
     async fn snapshot(
         &self,
         req: tonic::Request<pb::SnapshotRequest>,

@@ -16,6 +16,7 @@
 //! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
 
 pub mod admin;
+pub mod backup;
 pub mod coordination;
 pub mod dispatcher;
 pub mod http;

@@ -41,6 +41,13 @@ pub struct Args {
     #[arg(long)]
     pub join: bool,
 
+    /// Start a new ensemble from a backup (`coordctl snapshot save FILE`): give every replica of
+    /// the new ensemble the same file on its first start, on an empty data directory (and any
+    /// replica that joins it later). The new ensemble gets an identity of its own, so it never
+    /// mixes with the one the backup came from. Later starts need no --restore.
+    #[arg(long, value_name = "FILE")]
+    pub restore: Option<PathBuf>,
+
     /// Where this replica keeps its Raft log, vote and snapshots.
     #[arg(long)]
     pub data_dir: PathBuf,

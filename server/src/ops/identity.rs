@@ -6,6 +6,11 @@
 //! replica was created with: any of these would let a replica vote with somebody else's log. A
 //! recorded identity whose Raft state has vanished is refused too: that replica has forgotten its
 //! votes.
+//!
+//! A replica of an ensemble restored from a backup (`--restore`) records the backup's id, and its
+//! cluster id is derived from it as well: the restored ensemble and the one the backup came from
+//! (or another restored from a different backup) never take each other's Raft traffic, even on
+//! the same addresses with the same `--cluster-token`.
 
 use std::path::Path;
 
@@ -22,6 +27,29 @@ pub struct ReplicaIdentity {
     pub cluster_id: u64,
     pub replica_id: u64,
     pub initial_cluster: InitialCluster,
+    /// The id of the backup this replica's ensemble was restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<u64>,
+}
+
+/// The cluster id of the ensemble the flags describe, restored from backup `restored_from`.
+pub fn cluster_id(args: &Args, restored_from: Option<u64>) -> u64 {
+    let base = args.initial_cluster.cluster_id(&args.cluster_token);
+    match restored_from {
+        None => base,
+        // Any bijective mix will do: the backup id is random.
+        Some(backup) => (base ^ backup.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+    }
+}
+
+/// The backup the replica in `args.data_dir` was restored from, as its identity records it.
+pub fn recorded_restore(args: &Args) -> Result<Option<u64>, IdentityError> {
+    Ok(read(&args.data_dir)?.and_then(|i| i.restored_from))
+}
+
+/// Whether the data directory has an identity yet.
+pub fn recorded(args: &Args) -> Result<bool, IdentityError> {
+    Ok(read(&args.data_dir)?.is_some())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,13 +88,19 @@ pub struct RaftState {
     pub pristine: bool,
 }
 
-/// Checks the data directory against the flags, recording the identity on the first start.
-pub fn check_or_record(args: &Args, raft: &RaftState) -> Result<(), IdentityError> {
+/// Checks the data directory against the flags (and the backup it was restored from), recording
+/// the identity on the first start.
+pub fn check_or_record(
+    args: &Args,
+    raft: &RaftState,
+    restored_from: Option<u64>,
+) -> Result<(), IdentityError> {
     let dir = args.data_dir.display().to_string();
     let given = ReplicaIdentity {
-        cluster_id: args.initial_cluster.cluster_id(&args.cluster_token),
+        cluster_id: cluster_id(args, restored_from),
         replica_id: args.id,
         initial_cluster: args.initial_cluster.clone(),
+        restored_from,
     };
     match read(&args.data_dir)? {
         // A first start (or one that crashed before recording the identity).
@@ -145,6 +179,7 @@ mod tests {
             cluster_id: c.cluster_id(token),
             replica_id: replica,
             initial_cluster: c,
+            restored_from: None,
         }
     }
 
@@ -169,5 +204,28 @@ mod tests {
             compare("d", &base, &ident(1, "t", &[(1, "h:1"), (2, "h:9")])),
             Err(IdentityError::MembershipMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn a_restored_ensemble_has_a_cluster_id_of_its_own() {
+        use clap::Parser;
+        let args = Args::parse_from([
+            "coordinator",
+            "--id",
+            "1",
+            "--initial-cluster",
+            "1=h:1,2=h:2,3=h:3",
+            "--data-dir",
+            "/nonexistent",
+            "--listen",
+            "127.0.0.1:1",
+            "--http-listen",
+            "127.0.0.1:2",
+        ]);
+        let plain = cluster_id(&args, None);
+        assert_eq!(plain, args.initial_cluster.cluster_id(&args.cluster_token));
+        let (a, b) = (cluster_id(&args, Some(1)), cluster_id(&args, Some(2)));
+        assert!(plain != a && plain != b && a != b, "{plain:x} {a:x} {b:x}");
+        assert_eq!(a, cluster_id(&args, Some(1)));
     }
 }

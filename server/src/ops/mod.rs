@@ -14,5 +14,6 @@ pub mod identity;
 pub mod limits;
 pub mod metrics;
 pub mod request_id;
+pub mod restore;
 pub mod status;
 pub mod tls;

@@ -95,7 +95,14 @@ impl Replica {
             Some(t) => (Some(t.server), Some(t.client)),
             None => (None, None),
         };
-        let cluster_id = args.initial_cluster.cluster_id(&args.cluster_token);
+        // Restored from a backup: now (--restore), or when the data directory was made.
+        let restored_from = match &args.restore {
+            Some(path) => {
+                Some(crate::ops::restore::prepare(&args, path).map_err(StartError::Config)?)
+            }
+            None => identity::recorded_restore(&args)?,
+        };
+        let cluster_id = identity::cluster_id(&args, restored_from);
         let hub = ApplyHub::new(args.max_parked_calls);
         let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
         let (log, sm) = (opened.log, opened.state_machine);
@@ -108,6 +115,7 @@ impl Replica {
                 fresh: opened.fresh,
                 pristine: at_start.pristine,
             },
+            restored_from,
         )?;
         let reader = sm.reader();
         hub.attach(reader.clone());
@@ -349,6 +357,8 @@ impl Replica {
                 this.args.id,
                 this.peer_channels(),
             ),
+            this.leader.clone(),
+            this.cluster_id,
         ));
         let coordination =
             CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));

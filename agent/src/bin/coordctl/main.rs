@@ -11,6 +11,7 @@
 //! coordctl tasks                     # state, incarnation, age of the last heartbeat
 //! coordctl barriers                  # open barriers: who arrived, who is missing, time left
 //! coordctl snapshot                  # every replica snapshots now
+//! coordctl snapshot save backup.bin  # a backup, for coordinator --restore backup.bin
 //! coordctl member list
 //! coordctl member add 4 127.0.0.1:7104    # a replica started with --join
 //! coordctl member remove 3
@@ -29,6 +30,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod dispatcher;
+mod snapshot;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use coord_agent::watch::{ChangeKind, WatchSet};
@@ -75,8 +77,11 @@ enum Cmd {
     Tasks,
     /// Open barriers: who arrived, who is missing, the time left.
     Barriers,
-    /// Every replica takes a snapshot now (and compacts its log).
-    Snapshot,
+    /// Every replica takes a snapshot now (and compacts its log); `snapshot save FILE`: a backup.
+    Snapshot {
+        #[command(subcommand)]
+        save: Option<snapshot::SnapshotCmd>,
+    },
     /// The key-value store.
     #[command(subcommand)]
     Kv(KvCmd),
@@ -161,7 +166,7 @@ async fn main() -> ExitCode {
         Cmd::Status => status(&client, &cli.endpoints, out).await,
         Cmd::Tasks => tasks(&client, out).await,
         Cmd::Barriers => barriers(&client, out).await,
-        Cmd::Snapshot => snapshot(&client, &cli.endpoints, out).await,
+        Cmd::Snapshot { save } => snapshot::run(&client, &cli.endpoints, save, out).await,
         Cmd::Kv(cmd) => kv(&client, cmd, out).await,
         Cmd::Member(cmd) => member(&client, cmd, out).await,
         Cmd::Run(RunCmd::End { reason }) => end_run(&client, &reason, out).await,
@@ -371,30 +376,6 @@ async fn barriers(client: &CoordClient, out: Output) -> Result<ExitCode, Status>
     }
     t.print(out);
     Ok(ExitCode::SUCCESS)
-}
-
-async fn snapshot(
-    client: &CoordClient,
-    endpoints: &[String],
-    out: Output,
-) -> Result<ExitCode, Status> {
-    let mut t = Table::new(&["ENDPOINT", "SNAPSHOT INDEX", "ERROR"]);
-    let mut failed = 0;
-    for (i, ep) in endpoints.iter().enumerate() {
-        match client.snapshot_of(i).await {
-            Ok(index) => t.push(vec![json!(ep), json!(index), Value::Null]),
-            Err(e) => {
-                failed += 1;
-                t.push(vec![json!(ep), Value::Null, json!(e.message())]);
-            }
-        }
-    }
-    t.print(out);
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
 }
 
 async fn end_run(client: &CoordClient, reason: &str, out: Output) -> Result<ExitCode, Status> {
