@@ -7,7 +7,7 @@ use coord_proto::coord::admin::admin_client::AdminClient;
 use coord_proto::coord::admin::{
     AddMemberRequest, BackupChunk, BackupRequest, BarriersReply, BarriersRequest, Member,
     RemoveMemberRequest, ShutdownServiceRequest, SnapshotRequest, StatusReply, StatusRequest,
-    TasksReply, TasksRequest,
+    TasksReply, TasksRequest, TransferLeaderReply, TransferLeaderRequest,
 };
 use tonic::{Code, Request, Status};
 
@@ -133,6 +133,18 @@ impl CoordClient {
                 return Err(cut);
             }
         }
+    }
+
+    /// Hands leadership to voter `to` (or the most up-to-date one); the new leader and how long
+    /// the handoff took.
+    pub async fn transfer_leader(&self, to: Option<u64>) -> Result<TransferLeaderReply, Status> {
+        self.call_with(
+            TransferLeaderRequest { to },
+            None,
+            Some(Duration::from_secs(10)),
+            |ch, r| async move { AdminClient::new(ch).transfer_leader(r).await },
+        )
+        .await
     }
 
     /// The membership, as the leader (or, failing that, any replica) reports it.

@@ -18,6 +18,7 @@ pub struct AdminService {
     /// Who leads, and this ensemble's cluster id, for backups.
     leader: crate::raft::leader::LeaderWatch,
     cluster_id: u64,
+    handoff: crate::raft::handoff::Handoff,
 }
 
 impl AdminService {
@@ -28,6 +29,7 @@ impl AdminService {
         membership: crate::raft::membership::MembershipAdmin,
         leader: crate::raft::leader::LeaderWatch,
         cluster_id: u64,
+        handoff: crate::raft::handoff::Handoff,
     ) -> Self {
         Self {
             raft,
@@ -36,6 +38,7 @@ impl AdminService {
             membership,
             leader,
             cluster_id,
+            handoff,
         }
     }
 
@@ -143,6 +146,61 @@ impl pb::admin_server::Admin for AdminService {
 
     /// Not routed: every replica snapshots its own state.
     type BackupStream = crate::api::backup::BackupStream;
+
+    async fn transfer_leader(
+        &self,
+        req: tonic::Request<pb::TransferLeaderRequest>,
+    ) -> Result<tonic::Response<pb::TransferLeaderReply>, tonic::Status> {
+        self.not_a_task(&req, "TransferLeader")?;
+        let leadership = self.leader.current();
+        if leadership != crate::raft::leader::Leadership::Me {
+            return Err(crate::error::CoordError::NotLeader {
+                me: self.raft.metrics().borrow().id,
+                leader: leadership.hint(),
+            }
+            .into());
+        }
+        let to = req.into_inner().to;
+        match self.handoff.run(to).await {
+            Ok((leader, took)) => Ok(tonic::Response::new(pb::TransferLeaderReply {
+                leader,
+                millis: took.as_millis() as u64,
+            })),
+            Err(e) => Err(tonic::Status::failed_precondition(format!(
+                "leadership was not handed over: {e}"
+            ))),
+        }
+    }
+
+    async fn campaign(
+        &self,
+        req: tonic::Request<pb::CampaignRequest>,
+    ) -> Result<tonic::Response<pb::CampaignReply>, tonic::Status> {
+        if !self.router.authz().from_replica(&req) {
+            return Err(tonic::Status::permission_denied(
+                "Campaign is for replicas of this ensemble only",
+            ));
+        }
+        let req = req.into_inner();
+        let m = self.raft.metrics().borrow().clone();
+        let mine = m.last_log_index.unwrap_or(0);
+        if mine < req.leader_last_log_index {
+            return Err(tonic::Status::failed_precondition(format!(
+                "replica {} holds the log to index {mine}, leader {}'s reaches {}: it cannot win",
+                m.id, req.leader, req.leader_last_log_index
+            )));
+        }
+        tracing::info!(
+            from = req.leader,
+            "campaigning: the leader is handing leadership over"
+        );
+        self.raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("cannot campaign: {e}")))?;
+        Ok(tonic::Response::new(pb::CampaignReply {}))
+    }
 
     async fn backup(
         &self,

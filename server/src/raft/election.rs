@@ -133,6 +133,9 @@ pub async fn nudge_elections(
         };
         let Some(rank) = rank else { continue };
         if state == ServerState::Leader || leader == Some(me) {
+            // Leading is contact: a leader that steps down (a handoff, a higher term) has just
+            // heard of a leader, and must not start an election at once against it.
+            contact.touch();
             continue;
         }
         let Some(silence) = contact.silence() else {

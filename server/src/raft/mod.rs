@@ -11,6 +11,7 @@
 
 pub mod accept;
 pub mod election;
+pub mod handoff;
 pub mod leader;
 pub mod link;
 pub mod membership;

@@ -359,6 +359,7 @@ impl Replica {
             ),
             this.leader.clone(),
             this.cluster_id,
+            this.handoff(),
         ));
         let coordination =
             CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));
@@ -476,6 +477,14 @@ impl Replica {
 
         shutdown.await;
         tracing::info!(id = this.args.id, "shutting down");
+        // A leader hands over first, while it still serves: its clients' calls are forwarded to
+        // the new leader until their connections close.
+        let handoff = this.handoff();
+        if handoff.leads() {
+            if let Err(e) = handoff.run(None).await {
+                tracing::warn!(error = %e, "stopping without handing leadership over; the others will elect a leader");
+            }
+        }
         let _ = stop_tx.send(true);
         // Graceful shutdown waits for open connections to finish, and a client may keep its
         // connection forever: give them a bounded grace period, then cut them.
@@ -537,6 +546,16 @@ impl Replica {
 
     pub fn status(&self) -> status::ReplicaStatus {
         status::ReplicaStatus::of(&self.raft, &self.kv.reader)
+    }
+
+    /// Hands leadership over (see `raft::handoff`).
+    pub fn handoff(&self) -> crate::raft::handoff::Handoff {
+        crate::raft::handoff::Handoff::new(
+            self.raft.clone(),
+            self.args.id,
+            self.peer_channels(),
+            self.kv.proposer.clone(),
+        )
     }
 
     /// What the HTTP port reads of this replica.

@@ -119,6 +119,20 @@ struct Waits {
     raft: Raft,
     leader: LeaderWatch,
     stats: Arc<ProposerStats>,
+    /// True while a leader handoff holds new entries back (see [`Proposer::hold`]).
+    held: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Read-held by an entry from its look at `held` until it counts as in flight, so that a
+    /// hold, taken under the write side, knows every entry proposed before it is counted.
+    gate: Arc<tokio::sync::RwLock<()>>,
+}
+
+/// New entries are held back while this lives; see [`Proposer::hold`].
+pub struct Hold(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
 }
 
 impl Proposer {
@@ -134,6 +148,8 @@ impl Proposer {
             raft,
             leader,
             stats: Arc::default(),
+            held: Arc::new(tokio::sync::watch::channel(false).0),
+            gate: Arc::default(),
         };
         let slots = Arc::new(Semaphore::new(max_in_flight));
         tasks.spawn("proposer", run(waits.clone(), rx, slots.clone()));
@@ -147,6 +163,24 @@ impl Proposer {
 
     pub fn stats(&self) -> &Arc<ProposerStats> {
         &self.waits.stats
+    }
+
+    /// Holds new entries back until the returned [`Hold`] is dropped, so that the log stops
+    /// growing while leadership is handed over (`raft::handoff`): a write arriving meanwhile
+    /// waits, and if this replica stops leading it is told so and routing drives it again on the
+    /// new leader with its request id. Returns once every entry proposed before the hold was
+    /// answered (committed and applied), or after `within`.
+    pub async fn hold(&self, within: Duration) -> Hold {
+        {
+            let _every_entry_counted = self.waits.gate.write().await;
+            self.waits.held.send_replace(true);
+        }
+        let hold = Hold(self.waits.held.clone());
+        let deadline = Instant::now() + within;
+        while self.waits.stats.in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        hold
     }
 
     /// Proposes `op` on the leader's own behalf (no request id) without waiting for it: a leader
@@ -208,6 +242,18 @@ impl Waits {
     ) -> Vec<Result<CommandResult, CoordError>> {
         let n = commands.len();
         let stats = &self.stats;
+        let mut held = self.held.subscribe();
+        let gate = loop {
+            let gate = self.gate.clone().read_owned().await;
+            if !*held.borrow_and_update() {
+                break gate;
+            }
+            drop(gate);
+            tokio::select! {
+                _ = held.wait_for(|h| !*h) => {}
+                () = self.leader.lost() => return Outcome::LeaderLost.results(n),
+            }
+        };
         stats.entries.fetch_add(1, Ordering::Relaxed);
         stats.commands.fetch_add(n as u64, Ordering::Relaxed);
         stats.progressed();
@@ -223,6 +269,7 @@ impl Waits {
             Ok(answer) => answer,
         };
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        drop(gate);
         let outcome = tokio::select! {
             r = answer => Outcome::Answered(r),
             () = self.leader.lost() => {

@@ -3,7 +3,8 @@
 //! on loopback).
 //!
 //! Each subcommand of coord-bench runs one module here: [`kv`], [`agent_failover`] (`failover`),
-//! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`], [`tfdata`] (TensorFlow's own
+//! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`], [`rolling`] (graceful rolling
+//! restarts against kill -9), [`tfdata`] (TensorFlow's own
 //! workers and reader on coord's and TF's dispatchers); [`failover_report`] prints a leader-kill
 //! measurement for `kv` and `failover` alike.
 
@@ -19,6 +20,7 @@ pub mod failover_report;
 pub mod kv;
 pub mod load;
 pub mod rendezvous;
+pub mod rolling;
 pub mod tasks;
 pub mod tfdata;
 

@@ -8,7 +8,8 @@
 //! Build it in release mode: `cargo run --release -p coord-tests --bin coord-bench -- kv`.
 //!
 //! This binary is only the command line: each subcommand runs a module of `coord_tests::bench`
-//! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`, `tfdata`).
+//! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`, `rolling`,
+//! `tfdata`).
 
 /// The clients of both systems allocate a lot per call; glibc's malloc took a fifth of the
 /// benchmark process's CPU, which the servers on this shared machine then lacked.
@@ -16,7 +17,9 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
-use coord_tests::bench::{agent_failover, chaos, crash, dispatcher, kv, rendezvous, tasks, tfdata};
+use coord_tests::bench::{
+    agent_failover, chaos, crash, dispatcher, kv, rendezvous, rolling, tasks, tfdata,
+};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +38,9 @@ enum Cmd {
     /// Agents under steady load while the leader is killed again and again: the longest stall an
     /// agent call sees.
     Failover(agent_failover::Args),
+    /// Rolling restarts of the whole ensemble under agent load, SIGTERM (leader handoff) against
+    /// kill -9: the longest stall an agent call sees.
+    Rolling(rolling::Args),
     /// Many simulated tasks heartbeating once a second: register, WaitForAllTasks, one barrier
     /// across all; leader CPU and memory.
     Tasks(TasksArgs),
@@ -95,6 +101,12 @@ async fn main() {
         }
         Cmd::Failover(args) => {
             if let Err(e) = agent_failover::run(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Rolling(args) => {
+            if let Err(e) = rolling::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

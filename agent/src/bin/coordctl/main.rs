@@ -15,6 +15,7 @@
 //! coordctl member list
 //! coordctl member add 4 127.0.0.1:7104    # a replica started with --join
 //! coordctl member remove 3
+//! coordctl member transfer-leader [2]     # hand leadership over (as SIGTERM on the leader does)
 //! coordctl dispatcher jobs           # tf.data jobs: mode, clients, tasks, split position
 //! coordctl dispatcher workers
 //! coordctl dispatcher journal        # one line per dispatcher update
@@ -114,6 +115,9 @@ enum MemberCmd {
     Add { id: u64, addr: String },
     /// Remove a replica (stop it afterwards).
     Remove { id: u64 },
+    /// Hand leadership to voter ID (default: the most up-to-date one), as a leader's graceful
+    /// stop does: calls stall for the handoff, not for an election.
+    TransferLeader { id: Option<u64> },
 }
 
 #[derive(Subcommand)]
@@ -388,6 +392,13 @@ async fn end_run(client: &CoordClient, reason: &str, out: Output) -> Result<Exit
 
 async fn member(client: &CoordClient, cmd: MemberCmd, out: Output) -> Result<ExitCode, Status> {
     let members = match cmd {
+        MemberCmd::TransferLeader { id } => {
+            let reply = client.transfer_leader(id).await?;
+            let mut t = Table::new(&["LEADER", "MILLIS"]);
+            t.push(vec![json!(reply.leader), json!(reply.millis)]);
+            t.print(out);
+            return Ok(ExitCode::SUCCESS);
+        }
         MemberCmd::List => client.members().await?,
         MemberCmd::Add { id, addr } => client.add_member(id, &addr).await?,
         MemberCmd::Remove { id } => client.remove_member(id).await?,
