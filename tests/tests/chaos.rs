@@ -387,3 +387,55 @@ async fn restored_leader_serves_nothing_stale() {
         &missing[..missing.len().min(5)]
     );
 }
+
+/// A follower that cannot hear the leader (a one-way cut leader -> follower) must not raise its
+/// term: it asks for pre-votes first, and the others, who hear the leader, refuse. When the cut
+/// heals the leader is still in office, in the same term. Without Pre-Vote the cut follower's term
+/// climbed to 26 in 8 s and deposed the leader when the cut healed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_way_cut_neither_inflates_the_term_nor_deposes_the_leader() {
+    const CUT_FOR: Duration = Duration::from_secs(4);
+    let mut cluster = Cluster::start(ClusterOptions {
+        proxied: true,
+        ..ClusterOptions::default()
+    });
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let term = cluster.status(leader).map_or(0, |s| s.term);
+    let follower = cluster.other_than(leader);
+    let c = CoordClient::new(ClientOptions::new(cluster.endpoints())).expect("client");
+    cluster.net().cut(leader, follower, Cut::Blackhole);
+    // For many election timeouts (300 ms each), the cut follower's term stays put and the
+    // ensemble keeps writing.
+    let until = std::time::Instant::now() + CUT_FOR;
+    let mut n = 0;
+    while std::time::Instant::now() < until {
+        c.insert("k", format!("v{n}"), true)
+            .await
+            .expect("write during the cut");
+        n += 1;
+        let seen = cluster.status(follower).map_or(0, |s| s.term);
+        assert_eq!(seen, term, "the cut follower raised its term");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        cluster.log(follower).contains("not starting an election"),
+        "the cut follower never asked for a pre-vote:\n{}",
+        cluster.log(follower)
+    );
+    cluster.net().heal_all();
+    let applied = cluster.status(leader).map_or(0, |s| s.last_log_index);
+    cluster
+        .wait_applied(follower, applied, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(30)).await,
+        leader
+    );
+    for id in cluster.ids() {
+        assert_eq!(
+            cluster.status(id).map_or(0, |s| s.term),
+            term,
+            "replica {id}'s term after the cut healed"
+        );
+    }
+}

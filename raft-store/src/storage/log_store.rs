@@ -142,6 +142,11 @@ impl LogStore {
         self.inner.wal.bounds()
     }
 
+    /// The id of the last entry in the log (written, synced or not): what a vote compares.
+    pub fn last_log_id(&self) -> Option<LogId> {
+        self.inner.wal.bounds().1
+    }
+
     pub(crate) fn stored_vote(&self) -> Option<Vote> {
         self.inner.wal.vote()
     }

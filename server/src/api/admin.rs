@@ -18,7 +18,15 @@ pub struct AdminService {
     /// Who leads, and this ensemble's cluster id, for backups.
     leader: crate::raft::leader::LeaderWatch,
     cluster_id: u64,
-    handoff: crate::raft::handoff::Handoff,
+    elections: Elections,
+}
+
+/// What the admin service needs of elections: the leader handoff, and what a pre-vote answer
+/// reads (when this replica last heard from a leader, the lease).
+pub struct Elections {
+    pub handoff: crate::raft::handoff::Handoff,
+    pub contact: std::sync::Arc<crate::raft::election::LeaderContact>,
+    pub lease: std::time::Duration,
 }
 
 impl AdminService {
@@ -29,7 +37,7 @@ impl AdminService {
         membership: crate::raft::membership::MembershipAdmin,
         leader: crate::raft::leader::LeaderWatch,
         cluster_id: u64,
-        handoff: crate::raft::handoff::Handoff,
+        elections: Elections,
     ) -> Self {
         Self {
             raft,
@@ -38,7 +46,7 @@ impl AdminService {
             membership,
             leader,
             cluster_id,
-            handoff,
+            elections,
         }
     }
 
@@ -161,7 +169,7 @@ impl pb::admin_server::Admin for AdminService {
             .into());
         }
         let to = req.into_inner().to;
-        match self.handoff.run(to).await {
+        match self.elections.handoff.run(to).await {
             Ok((leader, took)) => Ok(tonic::Response::new(pb::TransferLeaderReply {
                 leader,
                 millis: took.as_millis() as u64,
@@ -170,6 +178,21 @@ impl pb::admin_server::Admin for AdminService {
                 "leadership was not handed over: {e}"
             ))),
         }
+    }
+
+    async fn pre_vote(
+        &self,
+        req: tonic::Request<pb::PreVoteRequest>,
+    ) -> Result<tonic::Response<pb::PreVoteReply>, tonic::Status> {
+        if !self.router.authz().from_replica(&req) {
+            return Err(tonic::Status::permission_denied(
+                "PreVote is for replicas of this ensemble only",
+            ));
+        }
+        let e = &self.elections;
+        Ok(tonic::Response::new(
+            crate::raft::election::answer_pre_vote(&self.raft, &e.contact, e.lease, req.get_ref()),
+        ))
     }
 
     async fn campaign(

@@ -17,9 +17,9 @@
 //! 5. The old leader, now a follower, answers held writes "leader changed", and routing drives
 //!    them again, with their request ids, on the new leader.
 //!
-//! A leader elected less than a lease ago refuses the candidate too (its lease clock is recent);
-//! the handoff then waits for an ordinary election. Every step is bounded; a handoff that cannot
-//! complete releases the held writes and says why.
+//! A leader elected less than a lease ago would refuse the candidate too (its lease clock is
+//! recent), so such a leader first waits until a lease has passed since it began to lead. Every
+//! step is bounded; a handoff that cannot complete releases the held writes and says why.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,7 @@ use coord_proto::coord::admin::CampaignRequest;
 use coord_raft_store::types::{NodeId, Raft};
 use openraft::ServerState;
 
+use crate::raft::leader::LeaderWatch;
 use crate::raft::peers::PeerChannels;
 use crate::serve::proposer::Proposer;
 
@@ -35,6 +36,8 @@ use crate::serve::proposer::Proposer;
 const CATCH_UP: Duration = Duration::from_secs(2);
 /// How long the campaign may take, from the request to another leader known here.
 const ELECTED: Duration = Duration::from_secs(3);
+/// Waited past a lease since this replica began to lead, for clocks' sake.
+const LEASE_MARGIN: Duration = Duration::from_millis(20);
 /// How long the follower may take to answer the campaign request.
 const CAMPAIGN_CALL: Duration = Duration::from_secs(1);
 
@@ -43,15 +46,26 @@ pub struct Handoff {
     me: NodeId,
     peers: PeerChannels,
     proposer: Proposer,
+    leader: LeaderWatch,
+    lease: Duration,
 }
 
 impl Handoff {
-    pub fn new(raft: Raft, me: NodeId, peers: PeerChannels, proposer: Proposer) -> Self {
+    pub fn new(
+        raft: Raft,
+        me: NodeId,
+        peers: PeerChannels,
+        proposer: Proposer,
+        leader: LeaderWatch,
+        lease: Duration,
+    ) -> Self {
         Self {
             raft,
             me,
             peers,
             proposer,
+            leader,
+            lease,
         }
     }
 
@@ -80,6 +94,11 @@ impl Handoff {
             None if voters.is_empty() => return Err("no other voter to hand leadership to".into()),
             None => voters,
         };
+        // Within a lease of its election this leader would refuse the candidate (step 4): wait
+        // that out first.
+        if let Some(since) = self.leader.leading_since() {
+            tokio::time::sleep_until(since + self.lease + LEASE_MARGIN).await;
+        }
         let _hold = self.proposer.hold(CATCH_UP).await;
         let (target, last) = self.caught_up(&candidates, started).await?;
         let addr = membership

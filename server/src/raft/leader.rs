@@ -14,6 +14,7 @@
 //! requests waiting on leadership (every in-flight call watches for its loss) are woken by real
 //! changes only.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use coord_raft_store::types::{NodeId, Raft};
@@ -21,7 +22,11 @@ use openraft::{BasicNode, RaftMetrics, ServerState};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::raft::election::LeaderContact;
 use crate::tasks::TaskGuard;
+
+/// How often a follower's silence from its leader is looked at, between metrics changes.
+const SILENCE_CHECK: Duration = Duration::from_millis(25);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Leadership {
@@ -45,6 +50,8 @@ impl Leadership {
 #[derive(Clone)]
 pub struct LeaderWatch {
     rx: watch::Receiver<Leadership>,
+    /// When this replica last began to lead (see [`LeaderWatch::leading_since`]).
+    since: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl LeaderWatch {
@@ -56,18 +63,32 @@ impl LeaderWatch {
         me: NodeId,
         lease: Duration,
         floor: StartFloor,
+        contact: Arc<LeaderContact>,
         raft_runtime: &tokio::runtime::Handle,
         tasks: &mut TaskGuard,
     ) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let mut metrics = raft.metrics();
         let (tx, rx) = watch::channel(leadership_of(me, lease_ms, floor, &metrics.borrow()));
+        // A follower that has not heard from its leader for the lease no longer counts on it:
+        // with Pre-Vote it keeps its term (and openraft its leader) through a one-way cut, and
+        // its forwards to that leader may never be answered.
+        let heard = move |l: Leadership| match l {
+            Leadership::Other { .. } if contact.silence() > lease => Leadership::Unknown,
+            l => l,
+        };
+        let since = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let began = since.clone();
         tasks.spawn_on(raft_runtime, "leadership", async move {
-            while metrics.changed().await.is_ok() {
+            loop {
+                tokio::select! {
+                    changed = metrics.changed() => if changed.is_err() { break },
+                    () = tokio::time::sleep(SILENCE_CHECK) => {}
+                }
                 let (now, term, applied) = {
                     let m = metrics.borrow_and_update();
                     (
-                        leadership_of(me, lease_ms, floor, &m),
+                        heard(leadership_of(me, lease_ms, floor, &m)),
                         m.current_term,
                         m.last_applied,
                     )
@@ -75,6 +96,10 @@ impl LeaderWatch {
                 tx.send_if_modified(|l| {
                     let changed = *l != now;
                     if changed && now == Leadership::Me {
+                        *began
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            Some(Instant::now());
                         tracing::info!(
                             term,
                             applied = ?applied,
@@ -89,7 +114,18 @@ impl LeaderWatch {
             // Raft stopped: nobody leads here any more.
             tx.send_replace(Leadership::Unknown);
         });
-        Self { rx }
+        Self { rx, since }
+    }
+
+    /// When this replica last began to lead, if it leads now.
+    pub fn leading_since(&self) -> Option<Instant> {
+        if self.current() != Leadership::Me {
+            return None;
+        }
+        *self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn current(&self) -> Leadership {

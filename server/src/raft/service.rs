@@ -125,11 +125,11 @@ impl RaftTransport for RaftService {
         // longer than the lease must not make the receiver start elections (each of which
         // restarts the transfer, again and again).
         let last = rpc.done;
-        self.contact.hold(&self.raft, SNAPSHOT_CHUNK_GRACE);
+        self.contact.hold(SNAPSHOT_CHUNK_GRACE);
         self.snapshot_progress(&rpc);
         let result = self.raft.install_snapshot(rpc).await;
         if last || result.is_err() {
-            self.contact.release(&self.raft);
+            self.contact.release();
         }
         reply(&result)
     }

@@ -154,11 +154,14 @@ impl Replica {
 
         let mut tasks = TaskGuard::default();
         let metrics = Arc::new(Metrics::default());
+        let contact = Arc::new(crate::raft::election::LeaderContact::default());
+        contact.set_log(journal_log.clone());
         let leader = LeaderWatch::start(
             &raft,
             args.id,
             args.leader_lease(),
             at_start.floor,
+            contact.clone(),
             raft_runtime.handle(),
             &mut tasks,
         );
@@ -264,7 +267,6 @@ impl Replica {
             "leader-watch",
             watch_leadership(raft.clone(), hub.clone(), metrics.clone()),
         );
-        let contact = Arc::new(crate::raft::election::LeaderContact::default());
         tasks.spawn(
             "election-nudge",
             crate::raft::election::nudge_elections(
@@ -273,6 +275,7 @@ impl Replica {
                 args.leader_lease(),
                 std::time::Duration::from_millis(args.election_timeout_min_ms),
                 contact.clone(),
+                PeerChannels::new(args.peer_source_ip, peer_tls.clone()),
             ),
         );
         Ok(Self {
@@ -359,7 +362,11 @@ impl Replica {
             ),
             this.leader.clone(),
             this.cluster_id,
-            this.handoff(),
+            crate::api::admin::Elections {
+                handoff: this.handoff(),
+                contact: this.contact.clone(),
+                lease: this.args.leader_lease(),
+            },
         ));
         let coordination =
             CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));
@@ -555,6 +562,8 @@ impl Replica {
             self.args.id,
             self.peer_channels(),
             self.kv.proposer.clone(),
+            self.leader.clone(),
+            self.args.leader_lease(),
         )
     }
 
