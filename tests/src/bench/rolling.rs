@@ -1,7 +1,7 @@
 //! `coord-bench rolling`: a rolling restart of the whole ensemble (one replica at a time, the
 //! leader last) under agent load, stopped gracefully (SIGTERM: the leader hands leadership over
 //! first, see `coord_server::raft::handoff`) against the same restart with kill -9, alternating
-//! in one run. Per restart: the longest stall an agent call saw (the longest time between two
+//! in one run; each replica stays down for `--downtime-ms` either way. Per restart: the longest stall an agent call saw (the longest time between two
 //! acknowledged calls of one agent), and any call that failed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +22,11 @@ pub struct Args {
     /// Agents writing in closed loops.
     #[arg(long, default_value_t = 16)]
     pub agents: usize,
+    /// How long each replica stays down before it is started again (a binary swap, a node
+    /// reboot). A leader killed and restarted within the lease comes back leader of the same
+    /// term before anyone noticed, which measures nothing.
+    #[arg(long, default_value_t = 1000)]
+    pub downtime_ms: u64,
 }
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -56,7 +61,8 @@ pub async fn run(args: Args) -> Result<(), String> {
     let mut results: Vec<(Stop, Restart)> = Vec::new();
     for round in 0..args.rounds {
         for stop in [Stop::Graceful, Stop::Kill] {
-            let r = restart_all(&mut cluster, &target, args.agents, stop).await;
+            let downtime = Duration::from_millis(args.downtime_ms);
+            let r = restart_all(&mut cluster, &target, args.agents, stop, downtime).await;
             eprintln!(
                 "round {round} {stop:?}: longest stall {} ms, {} failed calls",
                 r.longest_stall.as_millis(),
@@ -87,8 +93,8 @@ pub async fn run(args: Args) -> Result<(), String> {
     let (g, g_max) = median(Stop::Graceful);
     let (k, k_max) = median(Stop::Kill);
     println!(
-        "\n| rolling restart of 3 replicas under {} agents ({} each) | SIGTERM (handoff) | kill -9 | ratio |",
-        args.agents, args.rounds
+        "\n| rolling restart of 3 replicas under {} agents ({} each, {} ms down each) | SIGTERM (handoff) | kill -9 | ratio |",
+        args.agents, args.rounds, args.downtime_ms
     );
     println!("|---|---:|---:|---:|");
     println!(
@@ -117,6 +123,7 @@ async fn restart_all(
     target: &Arc<AgentTarget>,
     agents: usize,
     stop: Stop,
+    downtime: Duration,
 ) -> Restart {
     let done = Arc::new(AtomicBool::new(false));
     let acks: Vec<AgentLog> = (0..agents).map(|_| Arc::default()).collect();
@@ -154,8 +161,15 @@ async fn restart_all(
             }
             Stop::Kill => cluster.kill(id),
         }
+        tokio::time::sleep(downtime).await;
         cluster.spawn(id);
         let leader = cluster.wait_for_leader(TIMEOUT).await;
+        if std::env::var_os("COORD_BENCH_VERBOSE").is_some() {
+            eprintln!(
+                "  {stop:?} of replica {id} at {:?}: leader now {leader}",
+                started.elapsed()
+            );
+        }
         let at = cluster.status(leader).map_or(0, |s| s.last_log_index);
         cluster.wait_applied(id, at, TIMEOUT).await;
     }
