@@ -2,7 +2,8 @@
 //!
 //! - [`config`]: flags and their validation; [`identity`]: the check that a data directory is this
 //!   replica's; [`data_lock`]: one replica process per data directory.
-//! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do.
+//! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do;
+//!   [`tls_reload`]: the served certificate reloaded on SIGHUP or when its files change.
 //! - [`limits`]: per-client admission; [`request_id`]: request ids in metadata.
 //! - [`status`]: a replica's view of the ensemble; [`metrics`]: RPC counts and latencies, and the
 //!   Prometheus text format (served by [`crate::api::http`]).
@@ -17,3 +18,4 @@ pub mod request_id;
 pub mod restore;
 pub mod status;
 pub mod tls;
+pub mod tls_reload;

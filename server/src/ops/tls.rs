@@ -37,6 +37,8 @@ const LOGGED_PER_SECOND: u64 = 10;
 pub struct ReplicaTls {
     /// The gRPC port's.
     pub server: Arc<ServerConfig>,
+    /// The certificate the port serves, reloadable (see [`crate::ops::tls_reload`]).
+    pub served: Arc<crate::ops::tls_reload::ServedCert>,
     /// For calls to peers (Raft, forwarded requests, status probes).
     pub client: ClientTls,
 }
@@ -48,6 +50,25 @@ pub fn from_args(args: &Args) -> Result<Option<ReplicaTls>, String> {
     };
     let pair = KeyPair::load(cert, key).map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
     let ca = Ca::load(ca).map_err(|e| format!("--tls-ca: {e}"))?;
+    check_pair(args, &pair, &ca)?;
+    let served = Arc::new(crate::ops::tls_reload::ServedCert::new(args, &pair)?);
+    let server = server_config(served.clone(), &ca, args.tls_client_auth)?;
+    Ok(Some(ReplicaTls {
+        server: Arc::new(server),
+        served,
+        client: ClientTls::new(&ca, Some(&pair), None),
+    }))
+}
+
+/// Checks a certificate and key for this replica: that it names this replica, that the CA signed
+/// it and that it names the host the peers reach this replica by. Done at start and at every
+/// reload.
+pub fn check_pair(args: &Args, pair: &KeyPair, ca: &Ca) -> Result<(), String> {
+    let cert = args
+        .tls_cert
+        .as_deref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let expected = Identity::Replica {
         cluster: args.cluster_token.clone(),
         id: args.id,
@@ -55,28 +76,21 @@ pub fn from_args(args: &Args) -> Result<Option<ReplicaTls>, String> {
     let leaf = pair
         .chain
         .first()
-        .ok_or_else(|| format!("--tls-cert {} holds no certificate", cert.display()))?;
+        .ok_or_else(|| format!("--tls-cert {cert} holds no certificate"))?;
     match crate::ops::authz::identity_of(leaf) {
         Ok(own) if own == expected => {}
         Ok(other) => {
             return Err(format!(
-                "--tls-cert {} is the certificate of {other}, not of this replica; it must name {expected}",
-                cert.display()
+                "--tls-cert {cert} is the certificate of {other}, not of this replica; it must name {expected}"
             ))
         }
         Err(why) => {
             return Err(format!(
-                "--tls-cert {}: {why}; a replica's certificate must name {expected}",
-                cert.display()
+                "--tls-cert {cert}: {why}; a replica's certificate must name {expected}"
             ))
         }
     }
-    let server = server_config(&pair, &ca, args.tls_client_auth)?;
-    check_own_certificate(args, &pair, &ca)?;
-    Ok(Some(ReplicaTls {
-        server: Arc::new(server),
-        client: ClientTls::new(&ca, Some(&pair), None),
-    }))
+    check_own_certificate(args, pair, ca)
 }
 
 fn roots(ca: &Ca) -> Result<Arc<RootCertStore>, String> {
@@ -123,7 +137,11 @@ fn check_own_certificate(args: &Args, pair: &KeyPair, ca: &Ca) -> Result<(), Str
         })
 }
 
-fn server_config(pair: &KeyPair, ca: &Ca, auth: ClientAuthArg) -> Result<ServerConfig, String> {
+fn server_config(
+    served: Arc<crate::ops::tls_reload::ServedCert>,
+    ca: &Ca,
+    auth: ClientAuthArg,
+) -> Result<ServerConfig, String> {
     let verifier = WebPkiClientVerifier::builder(roots(ca)?);
     let verifier = match auth {
         ClientAuthArg::Optional => verifier.allow_unauthenticated(),
@@ -131,11 +149,9 @@ fn server_config(pair: &KeyPair, ca: &Ca, auth: ClientAuthArg) -> Result<ServerC
     }
     .build()
     .map_err(|e| format!("--tls-ca: {e}"))?;
-    let key = pair.private_key().map_err(|e| format!("--tls-key: {e}"))?;
     let mut config = ServerConfig::builder()
         .with_client_cert_verifier(verifier)
-        .with_single_cert(pair.chain.clone(), key)
-        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+        .with_cert_resolver(served);
     // gRPC is HTTP/2 only.
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)

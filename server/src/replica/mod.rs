@@ -91,9 +91,9 @@ impl Replica {
         args.validate().map_err(StartError::Config)?;
         let tls = crate::ops::tls::from_args(&args).map_err(StartError::Tls)?;
         let authz = crate::ops::authz::Authz::new(tls.is_some(), &args.cluster_token);
-        let (server_tls, peer_tls) = match tls {
-            Some(t) => (Some(t.server), Some(t.client)),
-            None => (None, None),
+        let (server_tls, peer_tls, served_cert) = match tls {
+            Some(t) => (Some(t.server), Some(t.client), Some(t.served)),
+            None => (None, None, None),
         };
         // Restored from a backup: now (--restore), or when the data directory was made.
         let restored_from = match &args.restore {
@@ -153,6 +153,9 @@ impl Replica {
         }
 
         let mut tasks = TaskGuard::default();
+        if let Some(served) = served_cert {
+            tasks.spawn("tls-reload", crate::ops::tls_reload::watch(served));
+        }
         let metrics = Arc::new(Metrics::default());
         let contact = Arc::new(crate::raft::election::LeaderContact::default());
         contact.set_log(journal_log.clone());
