@@ -209,9 +209,11 @@ impl Ca {
 }
 
 /// How a client (a replica calling a peer, an agent, coordctl, coord-proxy) connects over TLS.
+/// Clones share one configuration, which [`ClientTls::replace`] changes for all of them (a
+/// replica's rotated certificate); connections made before keep the one they began with.
 #[derive(Clone)]
 pub struct ClientTls {
-    config: ClientTlsConfig,
+    shared: std::sync::Arc<std::sync::RwLock<(ClientTlsConfig, u64)>>,
 }
 
 impl ClientTls {
@@ -225,7 +227,32 @@ impl ClientTls {
         if let Some(name) = server_name {
             config = config.domain_name(name);
         }
-        Self { config }
+        Self {
+            shared: std::sync::Arc::new(std::sync::RwLock::new((config, 0))),
+        }
+    }
+
+    fn current(&self) -> (ClientTlsConfig, u64) {
+        self.shared
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `next`'s configuration in force for this and every clone, and counts a generation.
+    pub fn replace(&self, next: &ClientTls) {
+        let (config, _) = next.current();
+        let mut g = self
+            .shared
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *g = (config, g.1 + 1);
+    }
+
+    /// How many times the configuration was replaced: a cache of connections made with it is
+    /// stale when this moved.
+    pub fn generation(&self) -> u64 {
+        self.current().1
     }
 
     /// Reads the files and builds the configuration; `cert` and `key` go together.
@@ -267,7 +294,7 @@ pub fn endpoint(addr: &str, tls: Option<&ClientTls>) -> Result<Endpoint, String>
         .map_err(|e| format!("bad address {addr:?}: {e}"))?;
     match tls {
         Some(t) => endpoint
-            .tls_config(t.config.clone())
+            .tls_config(t.current().0)
             .map_err(|e| format!("TLS for {addr}: {e}")),
         None => Ok(endpoint),
     }

@@ -514,6 +514,21 @@ async fn a_rotated_certificate_is_served_after_sighup_under_load() {
         "{}",
         c.log(1)
     );
+    // Replica 1's connections to its peers made from now on present the new pair: make it lead
+    // (a handoff over TLS) and restart replica 3, so that its Raft traffic to 3 goes over new
+    // connections; 3 must catch up.
+    if c.wait_for_leader(TIMEOUT).await != 1 {
+        let reply = client_of(c.endpoints(), tls.clone(), TIMEOUT)
+            .transfer_leader(Some(1))
+            .await
+            .expect("transfer leadership to replica 1");
+        assert_eq!(reply.leader, 1);
+    }
+    c.kill(3);
+    c.spawn(3);
+    assert_eq!(c.wait_for_leader(TIMEOUT).await, 1);
+    let at = c.status(1).map_or(0, |s| s.last_log_index);
+    c.wait_applied(3, at, TIMEOUT).await;
 
     // Replica 2's files replaced by a task's certificate: refused, the old one stays.
     let addr2 = c.replica(2).grpc;

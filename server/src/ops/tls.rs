@@ -51,12 +51,17 @@ pub fn from_args(args: &Args) -> Result<Option<ReplicaTls>, String> {
     let pair = KeyPair::load(cert, key).map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
     let ca = Ca::load(ca).map_err(|e| format!("--tls-ca: {e}"))?;
     check_pair(args, &pair, &ca)?;
-    let served = Arc::new(crate::ops::tls_reload::ServedCert::new(args, &pair)?);
+    let client = ClientTls::new(&ca, Some(&pair), None);
+    let served = Arc::new(crate::ops::tls_reload::ServedCert::new(
+        args,
+        &pair,
+        client.clone(),
+    )?);
     let server = server_config(served.clone(), &ca, args.tls_client_auth)?;
     Ok(Some(ReplicaTls {
         server: Arc::new(server),
         served,
-        client: ClientTls::new(&ca, Some(&pair), None),
+        client,
     }))
 }
 

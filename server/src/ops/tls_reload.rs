@@ -6,9 +6,10 @@
 //! problem. Handshakes after a reload get the new certificate; connections already open keep the
 //! one they began with, so calls in flight are not disturbed.
 //!
-//! What is not reloaded: the CA (`--tls-ca`), and the client certificate this replica presents to
-//! its peers, which stays the one it started with (it is the same file; a rotation before the old
-//! certificate expires keeps both valid, and the next restart takes the new one).
+//! The same pair is the client certificate this replica presents to its peers: a reload puts it
+//! in force for the peer connections made from then on (`ClientTls::replace`; the peer channel
+//! caches start afresh), while calls in flight finish on the connections they began on. The CA
+//! (`--tls-ca`) is not reloaded.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use coord_proto::tls::{Ca, KeyPair};
+use coord_proto::tls::{Ca, ClientTls, KeyPair};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 
@@ -28,6 +29,8 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// The certificate the gRPC port serves.
 pub struct ServedCert {
     args: Args,
+    /// The client side toward peers, replaced with each new pair.
+    peer: ClientTls,
     current: RwLock<Arc<CertifiedKey>>,
     /// The files' modification times when last loaded.
     stamp: Mutex<Option<(SystemTime, SystemTime)>>,
@@ -61,9 +64,10 @@ fn certified(pair: &KeyPair) -> Result<CertifiedKey, String> {
 
 impl ServedCert {
     /// Serves `pair` (already checked) for the replica of `args`.
-    pub fn new(args: &Args, pair: &KeyPair) -> Result<Self, String> {
+    pub fn new(args: &Args, pair: &KeyPair, peer: ClientTls) -> Result<Self, String> {
         Ok(Self {
             args: args.clone(),
+            peer,
             current: RwLock::new(Arc::new(certified(pair)?)),
             stamp: Mutex::new(stamp_of(args)),
             reloads: AtomicU64::new(0),
@@ -90,6 +94,7 @@ impl ServedCert {
         crate::ops::tls::check_pair(&self.args, &pair, &ca)?;
         let next = Arc::new(certified(&pair)?);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = next;
+        self.peer.replace(&ClientTls::new(&ca, Some(&pair), None));
         *self.stamp.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
         self.reloads.fetch_add(1, Ordering::Relaxed);
         Ok(true)

@@ -20,7 +20,8 @@ pub type PeerChannel = EagerEnd<Channel>;
 pub const PEER_MESSAGE_LIMIT: usize = 64 << 20;
 
 pub struct PeerChannels {
-    channels: Mutex<HashMap<String, PeerChannel>>,
+    /// The channels, made with TLS configuration generation `.1` (see `ClientTls::generation`).
+    channels: Mutex<(HashMap<String, PeerChannel>, u64)>,
     /// The local address outgoing connections bind to (`--peer-source-ip`); `None` lets the
     /// system choose.
     source: Option<std::net::IpAddr>,
@@ -34,7 +35,7 @@ pub struct PeerChannels {
 impl PeerChannels {
     pub fn new(source: Option<std::net::IpAddr>, tls: Option<ClientTls>) -> Self {
         Self {
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new((HashMap::new(), 0)),
             source,
             tls,
             raft: false,
@@ -51,10 +52,17 @@ impl PeerChannels {
 
     /// The channel to `addr` (`host:port`), created on first use without connecting.
     pub fn get(&self, addr: &str) -> Result<PeerChannel, String> {
-        let mut channels = self
+        let mut guard = self
             .channels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A rotated certificate (see `ops::tls_reload`): new connections present the new one;
+        // calls already on the old channels finish there.
+        let generation = self.tls.as_ref().map_or(0, ClientTls::generation);
+        if guard.1 != generation {
+            *guard = (HashMap::new(), generation);
+        }
+        let channels = &mut guard.0;
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
