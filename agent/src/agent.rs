@@ -559,7 +559,7 @@ async fn error_poll_loop(inner: std::sync::Weak<Inner>) {
             // The heartbeat loop decides when the service is lost; keep listening meanwhile.
             Err(e) => {
                 tracing::debug!(error = %e, "error poll failed; polling again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(crate::client::jittered(Duration::from_millis(500))).await;
             }
         }
     }

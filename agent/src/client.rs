@@ -299,7 +299,7 @@ impl CoordClient {
 
 /// A retry pause drawn at random from [`d`/2, `d`]: thousands of clients that lost their leader
 /// together do not all come back in the same millisecond.
-fn jittered(d: Duration) -> Duration {
+pub fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::Rng::gen_range(&mut rand::thread_rng(), 0.5..=1.0))
 }
 

@@ -306,7 +306,7 @@ async fn protocol_loop(p: Protocol) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the preemption round; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(crate::client::jittered(Duration::from_secs(1))).await;
                 continue;
             }
         };
@@ -317,7 +317,7 @@ async fn protocol_loop(p: Protocol) {
             Err(s) => {
                 tracing::error!(error = %s, "failed to retrieve the preemption notice");
                 cancel_sync_barrier(&p.agent, round).await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(crate::client::jittered(Duration::from_secs(1))).await;
                 continue;
             }
         };

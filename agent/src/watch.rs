@@ -158,6 +158,6 @@ async fn follow(client: CoordClient, key: String, callback: WatchCallback) {
             return callback(Err(ended));
         }
         tracing::debug!(%key, next, error = %ended, "watch stream broke; resuming");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(crate::client::jittered(Duration::from_millis(20))).await;
     }
 }

@@ -62,7 +62,7 @@ pub async fn push_errors(client: CoordClient, task: tf::CoordinatedTask, address
         let error = match poll(&client, &task).await {
             Ok(e) => e,
             Err(_) => {
-                tokio::time::sleep(LOOK_EVERY).await;
+                tokio::time::sleep(crate::client::jittered(LOOK_EVERY)).await;
                 continue;
             }
         };
