@@ -162,6 +162,27 @@ impl Cluster {
         self.ensemble.spawn_with(id, &args);
     }
 
+    /// Starts replica `id` with `args` and expects it to refuse: a non-zero exit within
+    /// `timeout`, its log saying `needle`, and no panic.
+    pub fn expect_refusal(&mut self, id: u64, args: &[String], needle: &str, timeout: Duration) {
+        let before = self.log(id).len();
+        self.spawn_with(id, args);
+        let code = self.wait_exit(id, timeout);
+        let log = self.log(id)[before..].to_string();
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "replica {id} did not refuse to start (exit {code:?}); log:\n{log}"
+        );
+        assert!(
+            log.contains(needle),
+            "refusal should say {needle:?}; log:\n{log}"
+        );
+        assert!(
+            !log.contains("panicked"),
+            "refusal must not be a panic; log:\n{log}"
+        );
+    }
+
     /// The value of metric `name` (a sample without labels) on replica `id`.
     pub fn metric(&self, id: u64, name: &str) -> f64 {
         let (_, body) = http::get(self.replica(id).http, "/metrics").expect("GET /metrics");

@@ -23,26 +23,6 @@ fn identity(c: &Cluster, id: u64) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(&path).expect("identity.json")).expect("json")
 }
 
-/// Starts replica `id` with `args` and expects it to exit non-zero, its log saying `needle`.
-fn expect_refusal(c: &mut Cluster, id: u64, args: &[String], needle: &str) {
-    let before = c.log(id).len();
-    c.spawn_with(id, args);
-    let code = c.wait_exit(id, TIMEOUT);
-    let log = c.log(id)[before..].to_string();
-    assert!(
-        matches!(code, Some(c) if c != 0),
-        "replica {id} did not refuse to start (exit {code:?}); log:\n{log}"
-    );
-    assert!(
-        log.contains(needle),
-        "refusal should say {needle:?}; log:\n{log}"
-    );
-    assert!(
-        !log.contains("panicked"),
-        "refusal must not panic; log:\n{log}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_under_load_restores_into_a_new_ensemble() {
     let mut old = Cluster::start(ClusterOptions::default());
@@ -166,11 +146,11 @@ async fn a_backup_under_load_restores_into_a_new_ensemble() {
     new.kill(follower);
     let mut with_bad = args.clone();
     with_bad.extend(["--restore".to_string(), bad.display().to_string()]);
-    expect_refusal(&mut new, follower, &with_bad, "checksum mismatch");
+    new.expect_refusal(follower, &with_bad, "checksum mismatch", TIMEOUT);
     let mut fresh = Cluster::start(ClusterOptions::default());
     fresh.wait_for_leader(TIMEOUT).await;
     fresh.kill(3);
     let mut reuse = fresh.args_of(3);
     reuse.extend(["--restore".to_string(), file.display().to_string()]);
-    expect_refusal(&mut fresh, 3, &reuse, "already holds a replica");
+    fresh.expect_refusal(3, &reuse, "already holds a replica", TIMEOUT);
 }

@@ -10,26 +10,6 @@ use coord_tests::{Cluster, ClusterOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Starts replica `id` with `args` and expects it to exit non-zero, its log saying `needle`.
-fn expect_refusal(c: &mut Cluster, id: u64, args: &[String], needle: &str) {
-    let before = c.log(id).len();
-    c.spawn_with(id, args);
-    let code = c.wait_exit(id, TIMEOUT);
-    let log = c.log(id)[before..].to_string();
-    assert!(
-        matches!(code, Some(c) if c != 0),
-        "replica {id} did not refuse to start (exit {code:?}); log:\n{log}"
-    );
-    assert!(
-        log.contains(needle),
-        "refusal should say {needle:?}; log:\n{log}"
-    );
-    assert!(
-        !log.contains("panicked"),
-        "refusal must not be a panic; log:\n{log}"
-    );
-}
-
 fn replace_flag(args: &[String], flag: &str, value: &str) -> Vec<String> {
     let mut out = args.to_vec();
     if let Some(i) = out.iter().position(|a| a == flag) {
@@ -49,32 +29,32 @@ async fn a_replica_refuses_a_foreign_data_dir_or_changed_flags() {
     c.kill(2);
 
     let args = c.args_of(2);
-    expect_refusal(
-        &mut c,
+    c.expect_refusal(
         2,
         &replace_flag(&args, "--id", "1"),
         "belongs to replica 2, not to replica 1",
+        TIMEOUT,
     );
     let other_members = c
         .initial_cluster()
         .replace(&c.replica(3).grpc.to_string(), "127.0.0.1:1");
-    expect_refusal(
-        &mut c,
+    c.expect_refusal(
         2,
         &replace_flag(&args, "--initial-cluster", &other_members),
         "disagrees with the membership this replica was created with",
+        TIMEOUT,
     );
-    expect_refusal(
-        &mut c,
+    c.expect_refusal(
         2,
         &replace_flag(&args, "--cluster-token", "someone-else"),
         "another ensemble",
+        TIMEOUT,
     );
-    expect_refusal(
-        &mut c,
+    c.expect_refusal(
         2,
         &replace_flag(&args, "--id", "9"),
         "--id 9 is not one of the replicas",
+        TIMEOUT,
     );
 
     // None of that touched replica 2's data: with its own flags it rejoins and catches up.
@@ -112,7 +92,7 @@ async fn damaged_data_is_refused_and_the_others_keep_serving() {
     let bytes = std::fs::read(&snap).expect("read snapshot");
     std::fs::write(&snap, &bytes[..bytes.len() / 2]).expect("truncate snapshot");
     let args = c.args_of(3);
-    expect_refusal(&mut c, 3, &args, "is corrupt");
+    c.expect_refusal(3, &args, "is corrupt", TIMEOUT);
     client
         .insert("still", "serving", false)
         .await
@@ -134,17 +114,17 @@ async fn damaged_data_is_refused_and_the_others_keep_serving() {
     }
     assert!(scribbled > 0, "no log segment in {}", raft_dir.display());
     let args = c.args_of(2);
-    expect_refusal(&mut c, 2, &args, "is damaged");
+    c.expect_refusal(2, &args, "is damaged", TIMEOUT);
 
     // The whole Raft directory deleted, the identity left behind.
     std::fs::remove_dir_all(&raft_dir).expect("remove raft dir");
-    expect_refusal(&mut c, 2, &args, "Raft state (raft/) is gone");
+    c.expect_refusal(2, &args, "Raft state (raft/) is gone", TIMEOUT);
 
     // A data dir that is a file.
     let file = c.root().join("not-a-dir");
     std::fs::write(&file, b"x").expect("write file");
     let args = replace_flag(&c.args_of(2), "--data-dir", &file.display().to_string());
-    expect_refusal(&mut c, 2, &args, "cannot create data directory");
+    c.expect_refusal(2, &args, "cannot create data directory", TIMEOUT);
 
     // Replica 3 with its snapshot restored rejoins; the ensemble has everything.
     c.spawn(3);
@@ -257,8 +237,8 @@ async fn a_damaged_record_in_an_older_log_segment_is_refused() {
         .and_then(|n| n.to_str())
         .expect("name")
         .to_string();
-    expect_refusal(&mut c, victim, &args, &name);
-    expect_refusal(&mut c, victim, &args, "is damaged");
+    c.expect_refusal(victim, &args, &name, TIMEOUT);
+    c.expect_refusal(victim, &args, "is damaged", TIMEOUT);
     client
         .insert("still", "serving", false)
         .await

@@ -60,6 +60,17 @@ impl AdminService {
         self.router.checked(method, check)
     }
 
+    /// Refuses `method` (replica-to-replica election traffic) to anything but a replica of
+    /// this ensemble.
+    fn replicas_only<T>(&self, req: &tonic::Request<T>, method: &str) -> Result<(), tonic::Status> {
+        if self.router.authz().from_replica(req) {
+            return Ok(());
+        }
+        Err(tonic::Status::permission_denied(format!(
+            "{method} is for replicas of this ensemble only"
+        )))
+    }
+
     /// The membership as this replica sees it (after a change, on the leader: the new one).
     fn members(&self) -> pb::MembershipReply {
         pb::MembershipReply {
@@ -184,11 +195,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: tonic::Request<pb::PreVoteRequest>,
     ) -> Result<tonic::Response<pb::PreVoteReply>, tonic::Status> {
-        if !self.router.authz().from_replica(&req) {
-            return Err(tonic::Status::permission_denied(
-                "PreVote is for replicas of this ensemble only",
-            ));
-        }
+        self.replicas_only(&req, "PreVote")?;
         let e = &self.elections;
         Ok(tonic::Response::new(
             crate::raft::election::answer_pre_vote(&self.raft, &e.contact, e.lease, req.get_ref()),
@@ -199,11 +206,7 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: tonic::Request<pb::CampaignRequest>,
     ) -> Result<tonic::Response<pb::CampaignReply>, tonic::Status> {
-        if !self.router.authz().from_replica(&req) {
-            return Err(tonic::Status::permission_denied(
-                "Campaign is for replicas of this ensemble only",
-            ));
-        }
+        self.replicas_only(&req, "Campaign")?;
         let req = req.into_inner();
         let m = self.raft.metrics().borrow().clone();
         let mine = m.last_log_index.unwrap_or(0);
