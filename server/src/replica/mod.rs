@@ -16,7 +16,7 @@ use coord_proto::tensorflow::coordination_service_server::CoordinationServiceSer
 use coord_raft_store::stats::SyncStats;
 use coord_raft_store::storage::{self, LogStore, StoreOptions};
 use coord_raft_store::types::Raft;
-use openraft::{BasicNode, ServerState};
+use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
 
@@ -42,7 +42,7 @@ use crate::api::xla::XlaService;
 use crate::ops::status;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationServiceServer as XlaServer;
 pub use start::{bind, StartError};
-use start::{log_at_start, raft_config};
+use start::{log_at_start, raft_config, watch_leadership};
 
 /// How long a stopping replica lets connected clients finish before it closes their connections.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -585,38 +585,6 @@ impl Replica {
             sync: self.sync_stats.clone(),
             links: self.link_stats.clone(),
             hub: self.hub.clone(),
-        }
-    }
-}
-
-/// Logs every leader change, counts it, and fails parked calls when this replica stops leading.
-async fn watch_leadership(raft: Raft, hub: Arc<ApplyHub>, metrics: Arc<Metrics>) {
-    let mut rx = raft.metrics();
-    let mut last_leader = None;
-    let mut was_leader = false;
-    loop {
-        let (leader, term, state) = {
-            let m = rx.borrow_and_update();
-            (m.current_leader, m.current_term, m.state)
-        };
-        if leader != last_leader {
-            tracing::info!(from = ?last_leader, to = ?leader, term, "leader changed");
-            metrics
-                .leader_changes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            last_leader = leader;
-        }
-        let is_leader = state == ServerState::Leader;
-        if was_leader && !is_leader {
-            tracing::info!(
-                parked = hub.parked(),
-                "lost leadership; failing parked calls so they re-drive"
-            );
-            hub.leadership_lost();
-        }
-        was_leader = is_leader;
-        if rx.changed().await.is_err() {
-            return;
         }
     }
 }

@@ -1,16 +1,21 @@
 //! What a replica checks and prepares before it serves: its ports, its Raft configuration, what
-//! its log held at start, and the errors that stop it from starting (each names what to fix).
+//! its log held at start, and the errors that stop it from starting (each names what to fix);
+//! and the loop that follows its leader changes once it runs.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use coord_raft_store::storage::{LogStore, OpenError};
+use coord_raft_store::types::Raft;
 use openraft::storage::RaftLogStorage;
-use openraft::{Config, SnapshotPolicy};
+use openraft::{Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 
 use crate::ops::config::Args;
 use crate::ops::identity::IdentityError;
+use crate::ops::metrics::Metrics;
 use crate::raft::leader::StartFloor;
+use crate::serve::apply_hub::ApplyHub;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -99,4 +104,36 @@ pub async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, S
     TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Bind { addr, what, source })
+}
+
+/// Logs every leader change, counts it, and fails parked calls when this replica stops leading.
+pub(super) async fn watch_leadership(raft: Raft, hub: Arc<ApplyHub>, metrics: Arc<Metrics>) {
+    let mut rx = raft.metrics();
+    let mut last_leader = None;
+    let mut was_leader = false;
+    loop {
+        let (leader, term, state) = {
+            let m = rx.borrow_and_update();
+            (m.current_leader, m.current_term, m.state)
+        };
+        if leader != last_leader {
+            tracing::info!(from = ?last_leader, to = ?leader, term, "leader changed");
+            metrics
+                .leader_changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            last_leader = leader;
+        }
+        let is_leader = state == ServerState::Leader;
+        if was_leader && !is_leader {
+            tracing::info!(
+                parked = hub.parked(),
+                "lost leadership; failing parked calls so they re-drive"
+            );
+            hub.leadership_lost();
+        }
+        was_leader = is_leader;
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
 }
