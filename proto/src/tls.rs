@@ -252,7 +252,11 @@ impl ClientTls {
     /// How many times the configuration was replaced: a cache of connections made with it is
     /// stale when this moved.
     pub fn generation(&self) -> u64 {
-        self.current().1
+        // Read on every peer call: the configuration itself is not copied for it.
+        self.shared
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
     }
 
     /// Reads the files and builds the configuration; `cert` and `key` go together.

@@ -153,34 +153,33 @@ impl CoordState {
     /// and raises the alarm; while the alarm is up, the leader refuses such writes before
     /// proposing them, so a writer past the quota cannot grow the Raft log either.
     pub fn quota_refusal(&self, op: &Op) -> Option<OpError> {
-        let usage = self.usage();
-        let (growth, what): (u64, Box<dyn FnOnce() -> String>) = match op {
+        let growth = match op {
             Op::KvPut {
                 key,
                 value,
                 overwrite,
-            } => (
-                self.kv.growth_of_put(key, value, *overwrite),
-                Box::new(move || format!("the put of key {key:?}")),
-            ),
-            Op::KvIncrement { key, .. } => (
-                self.kv.growth_of_increment(key),
-                Box::new(move || format!("the increment of new key {key:?}")),
-            ),
+            } => self.kv.growth_of_put(key, value, *overwrite),
+            Op::KvIncrement { key, .. } => self.kv.growth_of_increment(key),
             Op::Dispatch(
-                d @ (DispatchOp::RegisterDataset { .. } | DispatchOp::GetOrCreateJob { .. }),
-            ) => (encoded_len(op), Box::new(move || format!("dispatcher.{d}"))),
-            Op::TfData(
-                t @ (TfDataOp::RegisterDataset { .. }
+                DispatchOp::RegisterDataset { .. } | DispatchOp::GetOrCreateJob { .. },
+            )
+            | Op::TfData(
+                TfDataOp::RegisterDataset { .. }
                 | TfDataOp::GetOrCreateJob { .. }
-                | TfDataOp::GetOrCreateIteration { .. }),
-            ) => (encoded_len(op), Box::new(move || format!("tfdata.{t}"))),
+                | TfDataOp::GetOrCreateIteration { .. },
+            ) => encoded_len(op),
             _ => return None,
         };
         if growth == 0 {
             return None;
         }
-        self.quota.refusal(usage, growth, what)
+        self.quota.refusal(self.usage(), growth, || match op {
+            Op::KvPut { key, .. } => format!("the put of key {key:?}"),
+            Op::KvIncrement { key, .. } => format!("the increment of new key {key:?}"),
+            Op::Dispatch(d) => format!("dispatcher.{d}"),
+            Op::TfData(t) => format!("tfdata.{t}"),
+            other => other.to_string(),
+        })
     }
 
     /// Measures the records outside the key-value store (see `quota`).
