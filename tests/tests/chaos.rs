@@ -47,11 +47,30 @@ async fn crash_loop_loses_no_acknowledged_write() {
         seed: 11,
         clients: 6,
         kill_all_ratio: 0.3,
+        tls: false,
     })
     .await;
     eprintln!("crash loop: {}", report.summary());
     assert!(report.anomalies.is_empty(), "{:#?}", report.anomalies);
     assert_eq!(report.cycles, 12);
+    assert!(report.acked_inserts > 0);
+}
+
+/// The same over TLS, where AppendEntries and pre-appends take TLS links that every restart
+/// makes afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loop_over_tls_loses_no_acknowledged_write() {
+    let report = crash_loop(&CrashOptions {
+        cycles: 6,
+        seed: 26,
+        clients: 6,
+        kill_all_ratio: 0.3,
+        tls: true,
+    })
+    .await;
+    eprintln!("crash loop over TLS: {}", report.summary());
+    assert!(report.anomalies.is_empty(), "{:#?}", report.anomalies);
+    assert_eq!(report.cycles, 6);
     assert!(report.acked_inserts > 0);
 }
 

@@ -130,8 +130,8 @@ pub struct Args {
     #[arg(long)]
     pub no_pre_append: bool,
 
-    /// Send AppendEntries over gRPC only, not over plain framed links (links are used only
-    /// without TLS; they spare each replication round trip HTTP/2 and tonic).
+    /// Send AppendEntries over gRPC only, not over framed links (TLS links in a TLS ensemble;
+    /// they spare each replication round trip HTTP/2 and tonic).
     #[arg(long)]
     pub no_raft_links: bool,
 

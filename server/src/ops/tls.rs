@@ -41,6 +41,8 @@ pub struct ReplicaTls {
     pub served: Arc<crate::ops::tls_reload::ServedCert>,
     /// For calls to peers (Raft, forwarded requests, status probes).
     pub client: ClientTls,
+    /// The Raft links' and pre-appends' TLS, both ways (`raft::link_tls`).
+    pub link: Arc<crate::raft::link_tls::LinkTls>,
 }
 
 /// The configuration the flags ask for: `None` without `--tls-cert` (plain gRPC).
@@ -58,10 +60,12 @@ pub fn from_args(args: &Args) -> Result<Option<ReplicaTls>, String> {
         client.clone(),
     )?);
     let server = server_config(served.clone(), &ca, args.tls_client_auth)?;
+    let link = crate::raft::link_tls::LinkTls::new(served.clone(), &ca, &args.cluster_token)?;
     Ok(Some(ReplicaTls {
         server: Arc::new(server),
         served,
         client,
+        link: Arc::new(link),
     }))
 }
 

@@ -8,7 +8,8 @@
 //!
 //! The same pair is the client certificate this replica presents to its peers: a reload puts it
 //! in force for the peer connections made from then on (`ClientTls::replace`; the peer channel
-//! caches start afresh), while calls in flight finish on the connections they began on. The CA
+//! caches start afresh), and for the Raft links opened from then on (`raft::link_tls`), while
+//! calls in flight finish on the connections they began on. The CA
 //! (`--tls-ca`) is not reloaded.
 
 use std::fmt;
@@ -46,12 +47,7 @@ impl fmt::Debug for ServedCert {
 
 impl ResolvesServerCert for ServedCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        )
+        self.current()
     }
 }
 
@@ -72,6 +68,17 @@ impl ServedCert {
             stamp: Mutex::new(stamp_of(args)),
             reloads: AtomicU64::new(0),
         })
+    }
+
+    /// The certificate served now (also the one the replica's links present, see
+    /// `raft::link_tls`).
+    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
     }
 
     /// Loads the files again if they changed since the last load (or always, with `force`);

@@ -2,9 +2,10 @@
 //! caller holds up nobody): one that begins with [`RAFT_PREFACE`] is a peer's Raft connection and
 //! goes to the server on the Raft thread, every other one to the client server (see
 //! `coord_proto::conn` for why). Then comes the upgrade (the TLS handshake, or nothing), and the
-//! connection is served with [`Coalesced`] writes. A plain replica also takes plain framed TCP
-//! links, on the Raft thread too: a leader's pre-appends ([`PRE_APPEND_PREFACE`], see
-//! `pre_append`) and replication streams' AppendEntries ([`RAFT_LINK_PREFACE`], see `raft_link`).
+//! connection is served with [`Coalesced`] writes. A replica also takes framed TCP links, on the
+//! Raft thread too: a leader's pre-appends ([`PRE_APPEND_PREFACE`], see `pre_append`) and
+//! replication streams' AppendEntries ([`RAFT_LINK_PREFACE`], see `link`), TLS after the preface
+//! in a TLS ensemble ([`serve_links`]).
 
 use std::future::Future;
 use std::io;
@@ -29,8 +30,8 @@ pub struct Incoming<IO> {
     pub clients: Connections<IO>,
     /// Connections that began with [`RAFT_PREFACE`].
     pub raft: Connections<IO>,
-    /// Plain TCP links that began with [`PRE_APPEND_PREFACE`] or [`RAFT_LINK_PREFACE`], on the
-    /// Raft runtime; refused when `upgrade` does TLS.
+    /// TCP links that began with [`PRE_APPEND_PREFACE`] or [`RAFT_LINK_PREFACE`], on the Raft
+    /// runtime, not yet upgraded (see [`serve_links`]).
     pub links: ReceiverStream<(Link, TcpStream, SocketAddr)>,
 }
 
@@ -58,7 +59,6 @@ pub fn incoming<IO, U, F>(
     listener: TcpListener,
     upgrade: U,
     raft_runtime: tokio::runtime::Handle,
-    plain: bool,
 ) -> Incoming<IO>
 where
     IO: Send + 'static,
@@ -110,10 +110,6 @@ where
                     }
                     return;
                 }
-                if matches!(kind, Kind::Link(_)) && !plain {
-                    tracing::debug!(%peer, "plain {kind:?} connection refused: this replica serves TLS");
-                    return;
-                }
                 // A socket is polled by the runtime it was registered with: move it over, so
                 // that its readiness wakes the Raft thread itself rather than this one, which
                 // would then have to wake the Raft thread.
@@ -145,6 +141,40 @@ where
         clients: ReceiverStream::new(clients_rx),
         raft: ReceiverStream::new(raft_rx),
         links: ReceiverStream::new(links_rx),
+    }
+}
+
+/// Serves the links `incoming` sorted out, each in a task of its own, until the port closes: in a
+/// TLS ensemble (`tls`) each after its handshake with a replica of this ensemble.
+pub async fn serve_links(
+    mut links: ReceiverStream<(Link, TcpStream, SocketAddr)>,
+    raft: Arc<crate::raft::service::RaftService>,
+    log: coord_raft_store::storage::LogStore,
+    cluster_id: u64,
+    tls: Option<Arc<crate::raft::link_tls::LinkTls>>,
+) {
+    use tokio_stream::StreamExt;
+    while let Some((link, tcp, peer)) = links.next().await {
+        let (raft, log, tls) = (raft.clone(), log.clone(), tls.clone());
+        tokio::spawn(async move {
+            match (link, tls) {
+                (Link::PreAppend, None) => {
+                    crate::raft::pre_append::serve(tcp, peer, log, cluster_id).await
+                }
+                (Link::Raft, None) => crate::raft::link::serve(tcp, peer, raft, cluster_id).await,
+                (link, Some(tls)) => {
+                    let Some(tls) = tls.accept(tcp, peer).await else {
+                        return;
+                    };
+                    match link {
+                        Link::PreAppend => {
+                            crate::raft::pre_append::serve(tls, peer, log, cluster_id).await
+                        }
+                        Link::Raft => crate::raft::link::serve(tls, peer, raft, cluster_id).await,
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -198,7 +228,6 @@ mod tests {
             listener,
             |tcp, _| async move { Some(tcp) },
             tokio::runtime::Handle::current(),
-            true,
         );
 
         let mut peer = TcpStream::connect(addr).await.expect("connect");

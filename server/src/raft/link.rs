@@ -1,4 +1,4 @@
-//! AppendEntries over a plain framed TCP link, for ensembles without TLS.
+//! AppendEntries over a framed TCP link (TLS in a TLS ensemble, see `link_tls`).
 //!
 //! Every write's commit waits for one AppendEntries round trip to a follower. Over gRPC that trip
 //! crosses HTTP/2 and tonic twice, with a task hand-off on each side; on this project's 2-core
@@ -12,8 +12,7 @@
 //! dropped (a peer that is slow, paused or cut off), the call goes over gRPC instead, and so do
 //! the peer's calls of the next [`RETRY_AFTER`]: a peer that does not answer gets at most one new
 //! connection a second, and a peer of an older version, which does not know the preface, is
-//! served as before. Votes and snapshots always go over gRPC; over TLS there are no links (a
-//! link would be unauthenticated).
+//! served as before. Votes and snapshots always go over gRPC.
 
 use std::collections::HashMap;
 use std::io;
@@ -32,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use crate::raft::link_tls::{LinkStream, LinkTls};
 use crate::raft::peers::PEER_MESSAGE_LIMIT;
 use crate::raft::service::RaftService;
 
@@ -105,6 +105,8 @@ const IDLE_PER_PEER: usize = 4;
 pub struct LinkPool {
     source: Option<IpAddr>,
     cluster_id: u64,
+    /// A TLS ensemble's links are TLS too.
+    tls: Option<Arc<LinkTls>>,
     stats: Arc<LinkStats>,
     peers: Mutex<HashMap<String, PeerLinks>>,
 }
@@ -113,16 +115,17 @@ pub struct LinkPool {
 struct PeerLinks {
     /// Buffered for reading, so that a frame's length and body take one read; writes go
     /// straight through.
-    idle: Vec<BufReader<TcpStream>>,
+    idle: Vec<BufReader<LinkStream>>,
     /// When a link to this peer last failed; calls go over gRPC until [`RETRY_AFTER`] passed.
     failed_at: Option<Instant>,
 }
 
 impl LinkPool {
-    pub fn new(source: Option<IpAddr>, cluster_id: u64) -> Self {
+    pub fn new(source: Option<IpAddr>, cluster_id: u64, tls: Option<Arc<LinkTls>>) -> Self {
         Self {
             source,
             cluster_id,
+            tls,
             stats: Arc::default(),
             peers: Mutex::default(),
         }
@@ -182,7 +185,7 @@ impl LinkPool {
 struct Checkout<'a> {
     pool: &'a LinkPool,
     addr: &'a str,
-    conn: Option<BufReader<TcpStream>>,
+    conn: Option<BufReader<LinkStream>>,
     /// The answer was read and the connection put back.
     done: bool,
 }
@@ -194,14 +197,19 @@ impl Checkout<'_> {
     ) -> io::Result<LinkReply> {
         let conn = match &mut self.conn {
             Some(c) => c,
-            None => self.conn.insert(BufReader::new(
-                tokio::time::timeout(
+            None => {
+                let tcp = tokio::time::timeout(
                     CONNECT_TIMEOUT,
                     open(self.addr, self.pool.source, RAFT_LINK_PREFACE),
                 )
                 .await
-                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connecting timed out"))??,
-            )),
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connecting timed out"))??;
+                let stream = match &self.pool.tls {
+                    Some(tls) => LinkStream::Tls(Box::new(tls.connect(self.addr, tcp).await?)),
+                    None => LinkStream::Plain(tcp),
+                };
+                self.conn.insert(BufReader::new(stream))
+            }
         };
         let body = codec::encode(
             "raft link request",
@@ -212,6 +220,8 @@ impl Checkout<'_> {
         )
         .map_err(io::Error::other)?;
         write_frame(conn, &body).await?;
+        // A TLS stream may hold records back until flushed.
+        conn.flush().await?;
         let reply = read_frame(conn)
             .await?
             .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "link closed by peer"))?;
@@ -291,10 +301,15 @@ pub async fn next_message<T: DeserializeOwned, R: AsyncRead + Unpin>(
     Some(msg)
 }
 
-/// Serves one peer's link (the preface already read) until it closes or sends something that
-/// is not a request of this ensemble.
-pub async fn serve(tcp: TcpStream, peer: SocketAddr, raft: Arc<RaftService>, cluster_id: u64) {
-    let mut tcp = BufReader::new(tcp);
+/// Serves one peer's link (the preface already read, the TLS handshake done if any) until it
+/// closes or sends something that is not a request of this ensemble.
+pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    peer: SocketAddr,
+    raft: Arc<RaftService>,
+    cluster_id: u64,
+) {
+    let mut tcp = BufReader::new(stream);
     while let Some(req) =
         next_message::<LinkRequest, _>(&mut tcp, peer, "Raft link", cluster_id, |r| r.cluster_id)
             .await
@@ -307,7 +322,7 @@ pub async fn serve(tcp: TcpStream, peer: SocketAddr, raft: Arc<RaftService>, clu
                 return;
             }
         };
-        if write_frame(&mut tcp, &body).await.is_err() {
+        if write_frame(&mut tcp, &body).await.is_err() || tcp.flush().await.is_err() {
             return;
         }
     }
@@ -435,7 +450,7 @@ mod tests {
     #[tokio::test]
     async fn calls_reuse_the_pooled_link() {
         let (addr, accepted) = answering_peer().await;
-        let pool = Arc::new(LinkPool::new(None, 7));
+        let pool = Arc::new(LinkPool::new(None, 7, None));
         for _ in 0..20 {
             assert!(pool.usable(&addr));
             let reply = pool
@@ -464,7 +479,7 @@ mod tests {
     async fn a_peer_without_links_sends_calls_to_grpc() {
         // Closes the link without an answer.
         let addr = peer(|tcp| async move { drop(tcp) }).await;
-        let pool = Arc::new(LinkPool::new(None, 7));
+        let pool = Arc::new(LinkPool::new(None, 7, None));
         assert!(pool.usable(&addr));
         assert!(pool.append_entries(&addr, &heartbeat()).await.is_err());
         assert!(!pool.usable(&addr), "calls go over gRPC for a while");
@@ -492,7 +507,7 @@ mod tests {
             }
         })
         .await;
-        let pool = Arc::new(LinkPool::new(None, 7));
+        let pool = Arc::new(LinkPool::new(None, 7, None));
         assert!(pool.usable(&addr));
         let dropped = tokio::time::timeout(
             Duration::from_millis(100),

@@ -2,8 +2,8 @@
 //!
 //! - [`network`], [`service`]: the openraft network adapter (implemented here and nowhere else)
 //!   and the gRPC service that receives its calls; [`peers`]: one channel per peer.
-//! - [`link`]: AppendEntries over plain framed TCP links (without TLS); [`pre_append`]: a leader's
-//!   lone writes sent to followers while it syncs them.
+//! - [`link`]: AppendEntries over framed TCP links; [`pre_append`]: a leader's lone writes sent
+//!   to followers while it syncs them; [`link_tls`]: both over TLS in a TLS ensemble.
 //! - [`accept`]: the gRPC port's accept loop, which sorts peers' Raft connections from clients'.
 //! - [`leader`]: who leads, as this replica believes; [`election`]: a prompt election after a
 //!   leader dies.
@@ -14,6 +14,7 @@ pub mod election;
 pub mod handoff;
 pub mod leader;
 pub mod link;
+pub mod link_tls;
 pub mod membership;
 pub mod network;
 pub mod peers;

@@ -2,8 +2,8 @@
 //! and nowhere else, over the `coord.raft.RaftTransport` gRPC service.
 //!
 //! Requests and replies are openraft's own types, bincode-encoded. A peer that cannot be reached
-//! is reported as `Unreachable`, so openraft backs off instead of hammering it. Without TLS,
-//! AppendEntries go over plain framed links instead (`raft_link`), and over gRPC only when a link
+//! is reported as `Unreachable`, so openraft backs off instead of hammering it. AppendEntries go
+//! over framed links instead (`link`, TLS in a TLS ensemble), and over gRPC only when a link
 //! fails. A leader's pre-appends, which openraft knows nothing of, take a path of their own
 //! (`pre_append`).
 
@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::raft::link::{LinkPool, LinkStats};
+use crate::raft::link_tls::LinkTls;
 use crate::raft::peers::{PeerChannel, PeerChannels, PEER_MESSAGE_LIMIT};
 
 /// Creates per-peer clients for openraft; all of them share the cached channels.
@@ -36,21 +37,25 @@ pub struct Network {
     cluster_id: u64,
     channels: Arc<PeerChannels>,
     source: Option<std::net::IpAddr>,
-    /// AppendEntries go over plain links (`raft_link`): only without TLS, and unless turned off.
+    /// AppendEntries go over links (`link`) unless they are turned off.
     links: Option<Arc<LinkPool>>,
+    /// A TLS ensemble's links' TLS (`link_tls`).
+    link_tls: Option<Arc<LinkTls>>,
 }
 
 impl Network {
     pub fn new(
         cluster_id: u64,
         source: Option<std::net::IpAddr>,
-        tls: Option<coord_proto::tls::ClientTls>,
+        tls: Option<(coord_proto::tls::ClientTls, Arc<LinkTls>)>,
         links: bool,
     ) -> Self {
+        let (grpc_tls, link_tls) = tls.unzip();
         Self {
-            links: (links && tls.is_none()).then(|| Arc::new(LinkPool::new(source, cluster_id))),
+            links: links.then(|| Arc::new(LinkPool::new(source, cluster_id, link_tls.clone()))),
+            link_tls,
             cluster_id,
-            channels: Arc::new(PeerChannels::for_raft(source, tls)),
+            channels: Arc::new(PeerChannels::for_raft(source, grpc_tls)),
             source,
         }
     }
@@ -60,7 +65,13 @@ impl Network {
     /// Sends a leader's pre-appends (see `coord_raft_store::storage::pre_append`) to the other
     /// voters of `raft`'s membership.
     pub fn pre_appender(&self, raft: Raft, me: NodeId) -> crate::raft::pre_append::PreAppender {
-        crate::raft::pre_append::PreAppender::new(raft, me, self.cluster_id, self.source)
+        crate::raft::pre_append::PreAppender::new(
+            raft,
+            me,
+            self.cluster_id,
+            self.source,
+            self.link_tls.clone(),
+        )
     }
 
     /// What this replica's AppendEntries links have done (`raft_link`).

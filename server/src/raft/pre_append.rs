@@ -6,7 +6,8 @@
 //! the entry is written and before it is synced: no task, no HTTP/2 stream, nothing to wait for.
 //! Nothing is answered: a pre-append that is lost, refused or late only means that follower
 //! syncs the entry when openraft's AppendEntries brings it, as it would without pre-appends.
-//! Over TLS there are none (the connection would be unauthenticated).
+//! In a TLS ensemble the connection is TLS, each frame encrypted where it is written (see
+//! `link_tls`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -20,7 +21,9 @@ use coord_raft_store::storage::pre_append::{PreAppend, PreAppendSink};
 use coord_raft_store::storage::LogStore;
 use coord_raft_store::types::{NodeId, Raft};
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::raft::link_tls::{LinkTls, SyncTls};
 
 /// One frame's body.
 #[derive(Serialize, Deserialize)]
@@ -36,7 +39,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 enum Link {
     Connecting,
-    Up(std::net::TcpStream),
+    /// The socket (non-blocking), and its TLS session in a TLS ensemble.
+    Up(std::net::TcpStream, Option<Box<SyncTls>>),
     Failed(Instant),
 }
 
@@ -46,16 +50,24 @@ pub struct PreAppender {
     me: NodeId,
     cluster_id: u64,
     source: Option<std::net::IpAddr>,
+    tls: Option<Arc<LinkTls>>,
     links: Arc<Mutex<HashMap<String, Link>>>,
 }
 
 impl PreAppender {
-    pub fn new(raft: Raft, me: NodeId, cluster_id: u64, source: Option<std::net::IpAddr>) -> Self {
+    pub fn new(
+        raft: Raft,
+        me: NodeId,
+        cluster_id: u64,
+        source: Option<std::net::IpAddr>,
+        tls: Option<Arc<LinkTls>>,
+    ) -> Self {
         Self {
             raft,
             me,
             cluster_id,
             source,
+            tls,
             links: Arc::default(),
         }
     }
@@ -86,10 +98,11 @@ impl PreAppender {
     }
 
     fn connect(&self, addr: String) {
-        let (links, source) = (self.links.clone(), self.source);
+        let (links, source, tls) = (self.links.clone(), self.source, self.tls.clone());
         tokio::spawn(async move {
-            let link = match tokio::time::timeout(CONNECT_TIMEOUT, open(&addr, source)).await {
-                Ok(Ok(s)) => Link::Up(s),
+            let opened = open(&addr, source, tls.as_deref());
+            let link = match tokio::time::timeout(CONNECT_TIMEOUT, opened).await {
+                Ok(Ok((s, tls))) => Link::Up(s, tls),
                 Ok(Err(e)) => {
                     tracing::debug!(peer = %addr, error = %e, "no pre-append connection");
                     Link::Failed(Instant::now())
@@ -104,16 +117,36 @@ impl PreAppender {
     }
 }
 
-/// A connection to `addr` that has sent the preface, as a non-blocking std socket.
+/// A connection to `addr` that has sent the preface (and done its TLS handshake, with `tls`),
+/// as a non-blocking std socket.
 async fn open(
     addr: &str,
     source: Option<std::net::IpAddr>,
-) -> std::io::Result<std::net::TcpStream> {
+    tls: Option<&LinkTls>,
+) -> std::io::Result<(std::net::TcpStream, Option<Box<SyncTls>>)> {
     // Non-blocking, as tokio leaves it: a frame that does not fit the socket's buffer at once
     // is not sent (see `send`).
-    crate::raft::link::open(addr, source, PRE_APPEND_PREFACE)
-        .await?
-        .into_std()
+    let tcp = crate::raft::link::open(addr, source, PRE_APPEND_PREFACE).await?;
+    match tls {
+        Some(tls) => {
+            let (tcp, session) = SyncTls::take(tls.connect(addr, tcp).await?)?;
+            Ok((tcp, Some(Box::new(session))))
+        }
+        None => Ok((tcp.into_std()?, None)),
+    }
+}
+
+/// Writes `frame` to `stream` whole, sealed by `tls` if given; `false` when it could not be:
+/// a frame cut short would garble the stream, so the connection must go.
+fn write_whole(stream: &mut std::net::TcpStream, tls: Option<&mut SyncTls>, frame: &[u8]) -> bool {
+    let bytes = match tls {
+        Some(tls) => match tls.seal(frame) {
+            Ok(sealed) => sealed,
+            Err(_) => return false,
+        },
+        None => frame,
+    };
+    matches!(stream.write(bytes), Ok(n) if n == bytes.len())
 }
 
 impl PreAppendSink for PreAppender {
@@ -140,10 +173,10 @@ impl PreAppendSink for PreAppender {
                 break;
             }
             match links.get_mut(&addr) {
-                Some(Link::Up(stream)) => {
+                Some(Link::Up(stream, tls)) => {
                     // All or nothing: a frame cut short would garble the stream, so the
                     // connection goes and a new one is made.
-                    if matches!(stream.write(&frame), Ok(n) if n == frame.len()) {
+                    if write_whole(stream, tls.as_deref_mut(), &frame) {
                         sent += 1;
                     } else {
                         links.remove(&addr);
@@ -161,10 +194,15 @@ impl PreAppendSink for PreAppender {
     }
 }
 
-/// Serves one peer's pre-append connection (the preface already read) until it closes or sends
-/// something that is not a frame of this ensemble.
-pub async fn serve(tcp: TcpStream, peer: SocketAddr, log: LogStore, cluster_id: u64) {
-    let mut tcp = tokio::io::BufReader::new(tcp);
+/// Serves one peer's pre-append connection (the preface already read, the TLS handshake done if
+/// any) until it closes or sends something that is not a frame of this ensemble.
+pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    peer: SocketAddr,
+    log: LogStore,
+    cluster_id: u64,
+) {
+    let mut tcp = tokio::io::BufReader::new(stream);
     while let Some(wire) =
         crate::raft::link::next_message::<Wire, _>(&mut tcp, peer, "pre-append", cluster_id, |w| {
             w.cluster_id

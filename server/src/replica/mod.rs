@@ -79,6 +79,8 @@ pub struct Replica {
     server_tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     /// How this replica connects to its peers over TLS.
     peer_tls: Option<coord_proto::tls::ClientTls>,
+    /// The TLS of its Raft links and pre-appends, both ways.
+    link_tls: Option<Arc<crate::raft::link_tls::LinkTls>>,
 }
 
 impl Replica {
@@ -91,9 +93,9 @@ impl Replica {
         args.validate().map_err(StartError::Config)?;
         let tls = crate::ops::tls::from_args(&args).map_err(StartError::Tls)?;
         let authz = crate::ops::authz::Authz::new(tls.is_some(), &args.cluster_token);
-        let (server_tls, peer_tls, served_cert) = match tls {
-            Some(t) => (Some(t.server), Some(t.client), Some(t.served)),
-            None => (None, None, None),
+        let (server_tls, peer_tls, served_cert, link_tls) = match tls {
+            Some(t) => (Some(t.server), Some(t.client), Some(t.served), Some(t.link)),
+            None => (None, None, None, None),
         };
         // Restored from a backup: now (--restore), or when the data directory was made.
         let restored_from = match &args.restore {
@@ -137,7 +139,7 @@ impl Replica {
         let network = Network::new(
             cluster_id,
             args.peer_source_ip,
-            peer_tls.clone(),
+            peer_tls.clone().zip(link_tls.clone()),
             !args.no_raft_links,
         );
         let pre_appends = network.clone();
@@ -147,7 +149,7 @@ impl Replica {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        if !args.no_pre_append && peer_tls.is_none() {
+        if !args.no_pre_append {
             journal_log
                 .send_lone_writes_ahead(id, Arc::new(pre_appends.pre_appender(raft.clone(), id)));
         }
@@ -303,6 +305,7 @@ impl Replica {
             raft_runtime: std::sync::Mutex::new(Some(raft_runtime)),
             server_tls,
             peer_tls,
+            link_tls,
         })
     }
 
@@ -429,10 +432,16 @@ impl Replica {
                     grpc,
                     crate::ops::tls::upgrade(tls),
                     raft_runtime.clone(),
-                    false,
                 );
                 raft_runtime
                     .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
+                raft_runtime.spawn(crate::raft::accept::serve_links(
+                    incoming.links,
+                    raft_core,
+                    this.log.clone(),
+                    this.cluster_id,
+                    this.link_tls.clone(),
+                ));
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
             }
             None => {
@@ -440,32 +449,16 @@ impl Replica {
                     grpc,
                     |tcp, _| std::future::ready(Some(tcp)),
                     raft_runtime.clone(),
-                    true,
                 );
                 raft_runtime
                     .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
-                let (log, cluster_id) = (this.log.clone(), this.cluster_id);
-                let mut links = incoming.links;
-                raft_runtime.spawn(async move {
-                    use crate::raft::accept::Link;
-                    use tokio_stream::StreamExt;
-                    while let Some((link, tcp, peer)) = links.next().await {
-                        match link {
-                            Link::PreAppend => tokio::spawn(crate::raft::pre_append::serve(
-                                tcp,
-                                peer,
-                                log.clone(),
-                                cluster_id,
-                            )),
-                            Link::Raft => tokio::spawn(crate::raft::link::serve(
-                                tcp,
-                                peer,
-                                raft_core.clone(),
-                                cluster_id,
-                            )),
-                        };
-                    }
-                });
+                raft_runtime.spawn(crate::raft::accept::serve_links(
+                    incoming.links,
+                    raft_core,
+                    this.log.clone(),
+                    this.cluster_id,
+                    this.link_tls.clone(),
+                ));
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
             }
         };

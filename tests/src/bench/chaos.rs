@@ -21,6 +21,9 @@ pub struct Args {
     /// Keep going after a run with anomalies.
     #[arg(long)]
     pub keep_going: bool,
+    /// The ensemble serves TLS (peers, Raft links and clients).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Runs the chaos schedules one after another; true when every run was clean.
@@ -31,7 +34,11 @@ pub async fn run(args: Args) -> bool {
     let mut longest = Duration::ZERO;
     for i in 0..args.runs {
         let seed = args.seed + i;
-        let report = runner::run(&RunOptions::new(seed, Duration::from_secs(args.seconds))).await;
+        let options = RunOptions {
+            tls: args.tls,
+            ..RunOptions::new(seed, Duration::from_secs(args.seconds))
+        };
+        let report = runner::run(&options).await;
         println!("run {}/{}: {}", i + 1, args.runs, report.summary());
         for a in &report.anomalies {
             println!("  anomaly: {a}");

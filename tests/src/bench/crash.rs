@@ -15,6 +15,9 @@ pub struct Args {
     /// The share of cycles that kill all three replicas (the rest kill one at random).
     #[arg(long, default_value_t = 0.3)]
     pub kill_all_ratio: f64,
+    /// The ensemble serves TLS (peers, Raft links and clients).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Runs the crash-consistency loop; true when it found nothing.
@@ -25,6 +28,7 @@ pub async fn run(args: Args) -> bool {
         seed: args.seed,
         clients: args.clients,
         kill_all_ratio: args.kill_all_ratio,
+        tls: args.tls,
     })
     .await;
     println!(

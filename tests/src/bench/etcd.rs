@@ -1,5 +1,8 @@
 //! etcd 3.4 (Debian's `etcd-server`) as the benchmark's anchor: a 3-member cluster of real etcd
 //! processes on loopback, and a client that fails over between members like coord's does.
+//!
+//! A cluster may serve mutual TLS on its client and peer ports ([`EtcdCluster::start_tls`]), so
+//! that coord over TLS is measured against etcd paying the same handshakes and encryption.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -8,9 +11,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use coord_proto::tls::ClientTls;
+use coord_tools::certs::LeafFiles;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{Ensemble, KvTarget};
+use crate::certs::TestPki;
 use crate::cluster::free_ports;
 
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -67,7 +73,17 @@ struct Member {
     peer_port: u16,
     data_dir: PathBuf,
     log: PathBuf,
+    /// The member's certificate, for its client and peer ports alike (`start_tls`).
+    cert: Option<LeafFiles>,
     child: Option<Child>,
+}
+
+/// The certificates of a cluster serving TLS.
+struct EtcdTls {
+    pki: TestPki,
+    /// What the benchmark's clients (and the leader polls) connect with: the CA, and a client
+    /// certificate, which `--client-cert-auth` requires.
+    client: ClientTls,
 }
 
 pub struct EtcdCluster {
@@ -75,14 +91,31 @@ pub struct EtcdCluster {
     binary: PathBuf,
     members: Vec<Member>,
     initial_cluster: String,
+    tls: Option<EtcdTls>,
 }
 
 impl EtcdCluster {
     pub fn start(binary: PathBuf, n: usize) -> Result<Self, String> {
+        Self::start_with(binary, n, false)
+    }
+
+    /// A cluster serving mutual TLS on both its client and peer ports, with certificates from a
+    /// test CA of its own made with the same tooling as the coord TLS ensemble's
+    /// ([`TestPki`]).
+    pub fn start_tls(binary: PathBuf, n: usize) -> Result<Self, String> {
+        Self::start_with(binary, n, true)
+    }
+
+    fn start_with(binary: PathBuf, n: usize, tls: bool) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
             .prefix("coord-bench-etcd-")
             .tempdir()
             .map_err(|e| e.to_string())?;
+        let tls = tls.then(|| {
+            let pki = TestPki::new(&dir.path().join("certs"), "etcd", &[]);
+            let client = pki.client(Some(&pki.client_identity("bench")));
+            EtcdTls { pki, client }
+        });
         let ports = free_ports(2 * n);
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -91,12 +124,14 @@ impl EtcdCluster {
                 peer_port: ports[2 * i + 1],
                 data_dir: dir.path().join(format!("e{}", i + 1)),
                 log: dir.path().join(format!("e{}.log", i + 1)),
+                cert: tls.as_ref().map(|t| member_cert(&t.pki, i)),
                 child: None,
             })
             .collect();
+        let scheme = scheme(tls.is_some());
         let initial_cluster = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}={scheme}://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
         let mut c = Self {
@@ -104,11 +139,45 @@ impl EtcdCluster {
             binary,
             members,
             initial_cluster,
+            tls,
         };
         for i in 0..n {
             c.spawn(i)?;
         }
         Ok(c)
+    }
+
+    /// The etcd flags of member `i`'s TLS: mutual TLS on the client port and on the peer port,
+    /// both trusting only the cluster's CA; none for a plain cluster.
+    fn tls_args(&self, i: usize) -> Vec<String> {
+        let (Some(tls), Some(cert)) = (&self.tls, &self.members[i].cert) else {
+            return Vec::new();
+        };
+        let ca = tls.pki.ca_path().display().to_string();
+        let crt = cert.cert.display().to_string();
+        let key = cert.key.display().to_string();
+        vec![
+            "--client-cert-auth".into(),
+            "--trusted-ca-file".into(),
+            ca.clone(),
+            "--cert-file".into(),
+            crt.clone(),
+            "--key-file".into(),
+            key.clone(),
+            "--peer-client-cert-auth".into(),
+            "--peer-trusted-ca-file".into(),
+            ca,
+            "--peer-cert-file".into(),
+            crt,
+            "--peer-key-file".into(),
+            key,
+        ]
+    }
+
+    /// The gRPC endpoint of a member's client address (one of [`Self::endpoints`]), over TLS
+    /// with the benchmark's client certificate when the cluster serves TLS.
+    fn endpoint(&self, addr: &str) -> Result<Endpoint, String> {
+        coord_proto::tls::endpoint(addr, self.tls.as_ref().map(|t| &t.client))
     }
 
     fn spawn(&mut self, i: usize) -> Result<(), String> {
@@ -118,8 +187,9 @@ impl EtcdCluster {
             .append(true)
             .open(&m.log)
             .map_err(|e| e.to_string())?;
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let scheme = scheme(self.tls.is_some());
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
+        let peer = format!("{scheme}://127.0.0.1:{}", m.peer_port);
         let child = Command::new(&self.binary)
             .args(["--name", &m.name, "--data-dir"])
             .arg(&m.data_dir)
@@ -142,6 +212,7 @@ impl EtcdCluster {
                 "--initial-cluster-token",
                 "coord-bench",
             ])
+            .args(self.tls_args(i))
             .args(["--log-level", "warn", "--logger", "zap"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -175,7 +246,8 @@ impl EtcdCluster {
                 ids.push(None);
                 continue;
             }
-            let ch = Endpoint::from_shared(format!("http://127.0.0.1:{}", m.client_port))
+            let ch = self
+                .endpoint(&format!("127.0.0.1:{}", m.client_port))
                 .ok()?
                 .connect_timeout(Duration::from_millis(500))
                 .connect()
@@ -209,6 +281,21 @@ impl EtcdCluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// A member's certificate: coord's test CA issues it as a replica's, which is what an etcd member
+/// needs on both its ports: server and client authentication (it serves clients and peers, and
+/// calls peers), valid for 127.0.0.1, the address everything reaches it by.
+fn member_cert(pki: &TestPki, i: usize) -> LeafFiles {
+    pki.issue(&pki.replica(i as u64 + 1))
+}
+
+fn scheme(tls: bool) -> &'static str {
+    if tls {
+        "https"
+    } else {
+        "http"
     }
 }
 
@@ -279,14 +366,12 @@ impl EtcdTarget {
             let channels = cluster
                 .endpoints()
                 .iter()
-                .map(|e| {
-                    Endpoint::from_shared(format!("http://{e}"))
-                        .map(|e| {
-                            e.connect_timeout(Duration::from_millis(500))
-                                .tcp_nodelay(true)
-                                .connect_lazy()
-                        })
-                        .map_err(|e| e.to_string())
+                .map(|addr| {
+                    cluster.endpoint(addr).map(|e| {
+                        e.connect_timeout(Duration::from_millis(500))
+                            .tcp_nodelay(true)
+                            .connect_lazy()
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             conns.push(EtcdConn {

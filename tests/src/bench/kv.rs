@@ -5,8 +5,9 @@
 //!
 //! Every workload runs on coord and on etcd in alternation, round after round, and medians are
 //! reported, so that drift in a shared machine's speed hits both sides alike. `--tls` adds a
-//! second coord ensemble serving TLS, measured in the same rounds, and a table of TLS against
-//! plain gRPC.
+//! second coord ensemble serving TLS and a second etcd cluster serving mutual TLS on its client
+//! and peer ports, measured in the same rounds, and tables of coord's TLS against its plain gRPC
+//! and against etcd over TLS.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +37,7 @@ pub struct Args {
     /// Writers during the leader kills.
     #[arg(long, default_value_t = 16)]
     pub failover_clients: usize,
-    /// Only benchmark coord.
+    /// Only benchmark coord (starts neither etcd cluster, plain or TLS).
     #[arg(long)]
     pub skip_etcd: bool,
     /// Do not apt-get install etcd-server when etcd is missing.
@@ -53,7 +54,8 @@ pub struct Args {
     #[arg(long = "coord-arg")]
     pub coord_args: Vec<String>,
     /// Also run every workload on a second coord ensemble serving TLS (clients presenting an
-    /// operator's certificate), in the same rounds, and report TLS against plain gRPC.
+    /// operator's certificate) and on a second etcd cluster serving mutual TLS (client and peer
+    /// ports), in the same rounds, and report TLS against plain gRPC and against etcd over TLS.
     #[arg(long)]
     pub tls: bool,
 }
@@ -68,7 +70,13 @@ struct Workload {
     ops: usize,
     /// The target coord/etcd throughput ratio from the issue.
     target_ratio: f64,
+    /// The target throughput ratio of coord over TLS to etcd over TLS (issue 26).
+    tls_target_ratio: f64,
 }
+
+/// The target throughput of coord over TLS against coord over plain gRPC (issue 26), every
+/// workload alike.
+const TLS_PLAIN_TARGET: f64 = 0.85;
 
 fn workloads(args: &Args) -> Vec<Workload> {
     vec![
@@ -79,6 +87,7 @@ fn workloads(args: &Args) -> Vec<Workload> {
             clients: 1,
             ops: (args.ops / 10).max(100),
             target_ratio: 1.0,
+            tls_target_ratio: 1.2,
         },
         Workload {
             key: "put256",
@@ -87,6 +96,7 @@ fn workloads(args: &Args) -> Vec<Workload> {
             clients: 256,
             ops: args.ops,
             target_ratio: 1.5,
+            tls_target_ratio: 1.5,
         },
         Workload {
             key: "get64",
@@ -95,6 +105,7 @@ fn workloads(args: &Args) -> Vec<Workload> {
             clients: 64,
             ops: args.ops,
             target_ratio: 3.0,
+            tls_target_ratio: 3.0,
         },
     ]
     .into_iter()
@@ -108,6 +119,8 @@ struct Compared {
     etcd: Vec<LoadResult>,
     /// The same on the TLS ensemble (`--tls`).
     coord_tls: Vec<LoadResult>,
+    /// The same on the etcd cluster serving TLS (`--tls`).
+    etcd_tls: Vec<LoadResult>,
 }
 
 fn median_by<F: Fn(&LoadResult) -> f64>(runs: &[LoadResult], f: F) -> f64 {
@@ -127,7 +140,7 @@ async fn run_once<T: KvTarget>(name: &str, w: &Workload, target: Arc<T>) -> Load
     .await;
     let r = load::run(target, w.kind, w.clients, w.ops).await;
     eprintln!(
-        "{name:5} {:32} {:>9.0} ops/s  p50 {:>8.2?}  p99 {:>8.2?}  errors {}",
+        "{name:8} {:32} {:>9.0} ops/s  p50 {:>8.2?}  p99 {:>8.2?}  errors {}",
         w.name,
         r.ops_per_sec(),
         r.p50,
@@ -202,14 +215,7 @@ pub async fn run(args: Args) -> Result<(), String> {
         Some(c) => c.endpoints(),
         None => args.endpoints.clone(),
     };
-    let mut etcd_cluster = if args.skip_etcd {
-        None
-    } else {
-        let binary = ensure_etcd(!args.no_install)?;
-        let c = EtcdCluster::start(binary, 3)?;
-        c.wait_for_leader(Duration::from_secs(60)).await?;
-        Some(c)
-    };
+    let (mut etcd_cluster, etcd_tls_cluster) = start_etcd(&args).await?;
 
     // Every workload runs on coord and on etcd in alternation, round after round, so that drift
     // in this shared machine's speed hits both sides alike.
@@ -220,6 +226,12 @@ pub async fn run(args: Args) -> Result<(), String> {
         let coord_target =
             Arc::new(CoordTarget::connect(coord_endpoints.clone(), conns.min(w.clients)).await?);
         let etcd_target = match &etcd_cluster {
+            Some(c) => Some(Arc::new(
+                EtcdTarget::connect(c, conns.min(w.clients)).await?,
+            )),
+            None => None,
+        };
+        let etcd_tls_target = match &etcd_tls_cluster {
             Some(c) => Some(Arc::new(
                 EtcdTarget::connect(c, conns.min(w.clients)).await?,
             )),
@@ -240,11 +252,15 @@ pub async fn run(args: Args) -> Result<(), String> {
             if let Some(t) = &tls_target {
                 load::preload(t).await?;
             }
+            if let Some(t) = &etcd_tls_target {
+                load::preload(t).await?;
+            }
         }
         let mut compared = Compared {
             coord: Vec::new(),
             etcd: Vec::new(),
             coord_tls: Vec::new(),
+            etcd_tls: Vec::new(),
         };
         for _ in 0..args.rounds {
             compared
@@ -255,6 +271,11 @@ pub async fn run(args: Args) -> Result<(), String> {
             }
             if let Some(t) = &etcd_target {
                 compared.etcd.push(run_once("etcd", w, t.clone()).await);
+            }
+            if let Some(t) = &etcd_tls_target {
+                compared
+                    .etcd_tls
+                    .push(run_once("etcd-tls", w, t.clone()).await);
             }
         }
         results.push(compared);
@@ -350,8 +371,28 @@ pub async fn run(args: Args) -> Result<(), String> {
     }
     if tls_cluster.is_some() {
         print_tls(&args, &wls, &results);
+        print_tls_vs_etcd(&args, &wls, &results);
     }
     Ok(())
+}
+
+/// The etcd clusters: plain, and serving TLS with `--tls`; none with `--skip-etcd`. They start
+/// one after the other, each waiting for its leader, as the coord ensembles do.
+async fn start_etcd(args: &Args) -> Result<(Option<EtcdCluster>, Option<EtcdCluster>), String> {
+    if args.skip_etcd {
+        return Ok((None, None));
+    }
+    let binary = ensure_etcd(!args.no_install)?;
+    let plain = EtcdCluster::start(binary.clone(), 3)?;
+    plain.wait_for_leader(Duration::from_secs(60)).await?;
+    if !args.tls {
+        return Ok((Some(plain), None));
+    }
+    let tls = EtcdCluster::start_tls(binary, 3)?;
+    tls.wait_for_leader(Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("etcd over TLS: {e}"))?;
+    Ok((Some(plain), Some(tls)))
 }
 
 /// The second table of `--tls`: the TLS ensemble against the plain one, same rounds.
@@ -377,6 +418,36 @@ fn print_tls(args: &Args, wls: &[Workload], results: &[Compared]) {
             ms(&r.coord_tls, |x| x.p50),
             ms(&r.coord_tls, |x| x.p99),
             ops(&r.coord_tls) / ops(&r.coord).max(1e-9)
+        );
+    }
+}
+
+/// The third table of `--tls`: coord over TLS against etcd over TLS and against coord over plain
+/// gRPC, same rounds, each against issue 26's target. Ratios are of the medians' throughputs, as
+/// in the other tables.
+fn print_tls_vs_etcd(args: &Args, wls: &[Workload], results: &[Compared]) {
+    println!(
+        "\n| workload (median of {} rounds) | coord TLS ops/s | etcd TLS ops/s | coord TLS/etcd TLS | target | coord TLS/plain | target |",
+        args.rounds
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (w, r) in wls.iter().zip(results) {
+        let ops = |runs: &[LoadResult]| median_by(runs, LoadResult::ops_per_sec);
+        let (etcd_ops, vs_etcd) = if r.etcd_tls.is_empty() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!("{:.0}", ops(&r.etcd_tls)),
+                format!("{:.2}x", ops(&r.coord_tls) / ops(&r.etcd_tls).max(1e-9)),
+            )
+        };
+        println!(
+            "| {} | {:.0} | {etcd_ops} | {vs_etcd} | >= {}x | {:.2}x | >= {}x |",
+            w.name,
+            ops(&r.coord_tls),
+            w.tls_target_ratio,
+            ops(&r.coord_tls) / ops(&r.coord).max(1e-9),
+            TLS_PLAIN_TARGET
         );
     }
 }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use coord_agent::{ClientOptions, CoordClient};
+use coord_agent::CoordClient;
+
+use super::Endpoints;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -28,6 +30,8 @@ pub struct CrashOptions {
     pub clients: usize,
     /// The share of cycles that kill all three replicas (the rest kill one at random).
     pub kill_all_ratio: f64,
+    /// The ensemble serves TLS, peers and clients alike.
+    pub tls: bool,
 }
 
 #[derive(Debug, Default)]
@@ -73,10 +77,8 @@ struct Ledger {
     increments_tried: AtomicU64,
 }
 
-fn client(endpoints: &[String]) -> CoordClient {
-    let mut o = ClientOptions::new(endpoints.to_vec());
-    o.unavailable_after = Duration::from_secs(30);
-    CoordClient::new(o).expect("client")
+fn client(target: &Endpoints) -> CoordClient {
+    target.client(Duration::from_secs(30))
 }
 
 async fn load(c: CoordClient, cycle: usize, id: usize, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
@@ -110,9 +112,12 @@ async fn load(c: CoordClient, cycle: usize, id: usize, ledger: Arc<Ledger>, stop
 /// Runs the loop on a fresh ensemble.
 pub async fn crash_loop(options: &CrashOptions) -> CrashReport {
     let mut rng = StdRng::seed_from_u64(options.seed);
-    let mut cluster = Cluster::start(ClusterOptions::default());
+    let mut cluster = Cluster::start(ClusterOptions {
+        tls: options.tls,
+        ..ClusterOptions::default()
+    });
     cluster.wait_for_leader(Duration::from_secs(30)).await;
-    let endpoints = cluster.endpoints();
+    let target = Endpoints::of(&cluster, options.tls);
     let mut report = CrashReport::default();
     let (mut increments_acked, mut increments_tried) = (0u64, 0u64);
     for cycle in 0..options.cycles {
@@ -121,7 +126,7 @@ pub async fn crash_loop(options: &CrashOptions) -> CrashReport {
         let tasks: Vec<_> = (0..options.clients)
             .map(|id| {
                 tokio::spawn(load(
-                    client(&endpoints),
+                    client(&target),
                     cycle,
                     id,
                     ledger.clone(),
@@ -169,7 +174,7 @@ pub async fn crash_loop(options: &CrashOptions) -> CrashReport {
         let tried =
             std::mem::take(&mut *ledger.tried.lock().unwrap_or_else(PoisonError::into_inner));
         match verify(
-            &endpoints,
+            &target,
             cycle,
             &acked,
             &tried,
@@ -188,7 +193,7 @@ pub async fn crash_loop(options: &CrashOptions) -> CrashReport {
                     .collect();
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let again = verify(
-                    &endpoints,
+                    &target,
                     cycle,
                     &acked,
                     &tried,
@@ -233,14 +238,14 @@ pub async fn crash_loop(options: &CrashOptions) -> CrashReport {
 }
 
 async fn verify(
-    endpoints: &[String],
+    target: &Endpoints,
     cycle: usize,
     acked: &HashMap<String, String>,
     tried: &[String],
     increments_acked: u64,
     increments_tried: u64,
 ) -> Result<(), String> {
-    let c = client(endpoints);
+    let c = client(target);
     let present = c
         .get_dir(&format!("crash/{cycle}/"))
         .await

@@ -12,6 +12,13 @@
 //! - [`crash`]: the crash-consistency loop (kill -9 one or all replicas under load, restart,
 //!   verify).
 
+use std::time::Duration;
+
+use coord_agent::{ClientOptions, CoordClient};
+use coord_proto::tls::ClientTls;
+
+use crate::cluster::Cluster;
+
 pub mod crash;
 pub mod history;
 pub mod linearize;
@@ -20,3 +27,32 @@ pub mod recovery;
 pub mod runner;
 pub mod schedule;
 pub mod workload;
+
+/// The ensemble the clients of a run call: its endpoints and, for a TLS ensemble, an operator's
+/// certificate (`--tls` of `coord-bench chaos` and `crash`).
+#[derive(Clone)]
+pub struct Endpoints {
+    pub endpoints: Vec<String>,
+    pub tls: Option<ClientTls>,
+}
+
+impl Endpoints {
+    /// `cluster`'s endpoints, over TLS when it serves TLS.
+    pub fn of(cluster: &Cluster, tls: bool) -> Self {
+        Self {
+            endpoints: cluster.endpoints(),
+            tls: tls.then(|| {
+                let pki = cluster.pki();
+                pki.client(Some(&pki.client_identity("chaos")))
+            }),
+        }
+    }
+
+    /// A client that fails a call only after no replica could serve it for `unavailable_after`.
+    pub fn client(&self, unavailable_after: Duration) -> CoordClient {
+        let mut o = ClientOptions::new(self.endpoints.clone());
+        o.unavailable_after = unavailable_after;
+        o.tls = self.tls.clone();
+        CoordClient::new(o).expect("client")
+    }
+}

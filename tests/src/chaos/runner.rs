@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_agent::{ClientOptions, CoordClient};
 use tokio::time::Instant;
 
 use super::history::{History, KvRecord};
@@ -29,6 +28,8 @@ pub struct RunOptions {
     pub workload: WorkloadOptions,
     /// Search budget of each linearizability check (states explored).
     pub budget: usize,
+    /// The ensemble serves TLS, peers and clients alike.
+    pub tls: bool,
 }
 
 impl RunOptions {
@@ -38,6 +39,7 @@ impl RunOptions {
             length,
             workload: WorkloadOptions::default(),
             budget: 20_000_000,
+            tls: false,
         }
     }
 }
@@ -256,29 +258,19 @@ enum Heal {
     Net,
 }
 
-fn fresh_client(endpoints: &[String]) -> CoordClient {
-    let mut o = ClientOptions::new(endpoints.to_vec());
-    o.unavailable_after = Duration::from_secs(30);
-    CoordClient::new(o).expect("client")
-}
-
 /// Runs one chaos run and checks it.
 pub async fn run(options: &RunOptions) -> RunReport {
     let steps = schedule::generate(options.seed, options.length);
     let mut cluster = Cluster::start(ClusterOptions {
         proxied: true,
         extra_args: chaos_cluster_args(),
+        tls: options.tls,
         ..ClusterOptions::default()
     });
     cluster.wait_for_leader(Duration::from_secs(30)).await;
-    let endpoints = cluster.endpoints();
+    let target = super::Endpoints::of(&cluster, options.tls);
     let history = Arc::new(History::default());
-    let load = workload::start(
-        endpoints.clone(),
-        history.clone(),
-        options.seed,
-        &options.workload,
-    );
+    let load = workload::start(&target, history.clone(), options.seed, &options.workload);
 
     let mut anomalies = Vec::new();
     let mut faults = Faults {
@@ -313,7 +305,8 @@ pub async fn run(options: &RunOptions) -> RunReport {
     let invoke = history.now_us();
     let live = async {
         cluster.wait_for_leader(Duration::from_secs(30)).await;
-        fresh_client(&endpoints)
+        target
+            .client(Duration::from_secs(30))
             .insert("chaos/liveness", "ok", true)
             .await
     };
@@ -339,7 +332,7 @@ pub async fn run(options: &RunOptions) -> RunReport {
 
     // Read every key at the end: an acknowledged write that was lost makes the key's history
     // non-linearizable.
-    let reader = fresh_client(&endpoints);
+    let reader = target.client(Duration::from_secs(30));
     let keys = (0..options.workload.keys)
         .map(|k| format!("k{k}"))
         .chain((0..options.workload.counters).map(|c| format!("ctr{c}")));

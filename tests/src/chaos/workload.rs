@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_agent::{ClientOptions, CoordClient};
+use coord_agent::CoordClient;
+
+use super::Endpoints;
 use coord_proto::tensorflow as tf;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -68,14 +70,8 @@ impl Workload {
     }
 }
 
-fn client(endpoints: &[String], unavailable_after: Duration) -> CoordClient {
-    let mut o = ClientOptions::new(endpoints.to_vec());
-    o.unavailable_after = unavailable_after;
-    CoordClient::new(o).expect("client")
-}
-
 pub fn start(
-    endpoints: Vec<String>,
+    target: &Endpoints,
     history: Arc<History>,
     seed: u64,
     options: &WorkloadOptions,
@@ -84,7 +80,7 @@ pub fn start(
     let mut handles = Vec::new();
     for c in 0..options.kv_clients {
         let (cl, h, stop, o) = (
-            client(&endpoints, options.unavailable_after),
+            target.client(options.unavailable_after),
             history.clone(),
             stop.clone(),
             options.clone(),
@@ -100,7 +96,7 @@ pub fn start(
     }
     for t in 0..options.barrier_tasks {
         let (cl, h, stop) = (
-            client(&endpoints, options.unavailable_after),
+            target.client(options.unavailable_after),
             history.clone(),
             stop.clone(),
         );
@@ -114,7 +110,7 @@ pub fn start(
     }
     if options.registrations {
         let (cl, h, stop) = (
-            client(&endpoints, options.unavailable_after),
+            target.client(options.unavailable_after),
             history.clone(),
             stop.clone(),
         );

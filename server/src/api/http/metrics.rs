@@ -182,7 +182,7 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
     counter(
         &mut out,
         "coord_raft_link_calls_total",
-        "AppendEntries this replica, leading, had answered over plain links instead of gRPC.",
+        "AppendEntries this replica, leading, had answered over framed links instead of gRPC.",
         r.links.calls.load(Relaxed),
     );
     counter(
