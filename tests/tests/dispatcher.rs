@@ -146,7 +146,7 @@ async fn every_processing_mode_end_to_end() {
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
     let (_, metrics) = coord_tests::http::get(cluster.replica(leader).http, "/metrics").unwrap();
     assert!(
-        metrics.contains("coord_dispatcher_splits{kind=\"handed_out\"} 600"),
+        metrics.contains("coord_dispatcher_splits_total{kind=\"handed_out\"} 600"),
         "{metrics}"
     );
     assert!(metrics.contains("coord_dispatcher_workers{state=\"alive\"} 3"));

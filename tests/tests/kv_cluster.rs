@@ -427,6 +427,100 @@ async fn http_endpoints_report_health_and_status() {
         |c| http::get(c.replica(leader).http, "/readyz").is_ok_and(|(code, _)| code == 503),
     )
     .await;
+    c.wait_until(
+        Duration::from_secs(30),
+        "the lone replica to report no leader",
+        |c| c.metric(leader, "coord_has_leader") == 0.0,
+    )
+    .await;
+}
+
+/// `/metrics` of a live ensemble follows Prometheus' conventions: counters end in `_total`,
+/// every metric has one HELP and one TYPE line, status codes carry gRPC's names, and the
+/// metrics every exporter is expected to have are there (`coord_has_leader`,
+/// `coord_build_info`, `process_*`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_prometheus_conventions() {
+    const GRPC_CODES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    let (c, leader, client) = started(ClusterOptions::default()).await;
+    client.insert("m/1", "v", false).await.expect("insert");
+    // A refused call, so that a code other than OK is counted.
+    let refused = client.insert("m/1", "w", false).await;
+    assert!(refused.is_err(), "a second insert of one key was accepted");
+    let (_, body) = http::get(c.replica(leader).http, "/metrics").expect("GET /metrics");
+    let mut helps = std::collections::HashMap::<&str, usize>::new();
+    let mut types = std::collections::HashMap::<&str, usize>::new();
+    for line in body.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["#", "HELP", name, ..] => *helps.entry(name).or_default() += 1,
+            ["#", "TYPE", name, kind] => {
+                *types.entry(name).or_default() += 1;
+                if *kind == "counter" {
+                    assert!(
+                        name.ends_with("_total"),
+                        "counter {name} does not end in _total"
+                    );
+                }
+            }
+            _ => {}
+        }
+        if let Some((_, rest)) = line.split_once("code=\"") {
+            let code = rest.split('"').next().unwrap_or_default();
+            assert!(GRPC_CODES.contains(&code), "code {code:?} in {line}");
+        }
+    }
+    for (name, n) in helps.iter().chain(types.iter()) {
+        assert_eq!(*n, 1, "{name} has {n} HELP or TYPE lines");
+    }
+    assert!(body.contains("code=\"OK\""), "no OK calls counted");
+    assert!(
+        body.lines()
+            .any(|l| l.contains("code=") && !l.contains("code=\"OK\"")),
+        "the refused insert was not counted"
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let info = body
+        .lines()
+        .find(|l| l.starts_with("coord_build_info{"))
+        .expect("coord_build_info");
+    assert!(
+        info.starts_with(&format!(
+            "coord_build_info{{version=\"{version}\",commit=\""
+        )) && info.ends_with("\"} 1")
+            && !info.contains("commit=\"\""),
+        "{info}"
+    );
+    for id in c.ids() {
+        assert_eq!(c.metric(id, "coord_has_leader"), 1.0, "replica {id}");
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(c.metric(id, name) > 0.0, "{name} of replica {id}");
+        }
+    }
 }
 
 /// A lone write goes to a follower while the leader syncs it (a pre-append), and the follower's

@@ -290,3 +290,33 @@ async fn a_second_process_on_a_data_dir_is_refused_naming_the_holder() {
     client.insert("after", "1", false).await.expect("insert");
     assert!(c.is_running(2));
 }
+
+/// `--version` names the commit the binary was built from, and `--help` the environment
+/// variable of every flag.
+#[test]
+fn version_names_the_commit_and_help_the_environment_variables() {
+    let bin = coord_tools::process::coordinator_binary();
+    let out = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .expect("coordinator --version");
+    let version = String::from_utf8_lossy(&out.stdout);
+    let expected = format!("coordinator {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(version.starts_with(&expected), "{version}");
+    let commit = version
+        .trim()
+        .trim_start_matches(&expected)
+        .trim_end_matches(')');
+    assert!(
+        commit == "unknown" || (commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{version}"
+    );
+    let out = std::process::Command::new(&bin)
+        .arg("--help")
+        .output()
+        .expect("coordinator --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for env in ["[env: COORD_QUOTA_BYTES=]", "[env: COORD_DATA_DIR=]", "[env: COORD_JOB=]"] {
+        assert!(help.contains(env), "{env} not in --help:\n{help}");
+    }
+}

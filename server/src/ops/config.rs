@@ -12,184 +12,217 @@ use coord_raft_store::state::ClusterConfig;
 /// what a snapshot may decode to (`coord_raft_store::codec::MAX_DECODED_BYTES`).
 pub const MAX_QUOTA_BYTES: u64 = 4 << 30;
 
+/// The version `--version` prints and `coord_build_info` reports: the crate's, and the commit it
+/// was built from (see build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("COORD_COMMIT"),
+    ")"
+);
+
 /// One replica of a coord ensemble.
 ///
 /// Start every replica of a new ensemble with the same `--initial-cluster` (and `--cluster-token`);
 /// they find each other and elect a leader. Restart a replica with the same flags.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "coordinator", version, about, long_about = None)]
+#[command(name = "coordinator", version = VERSION, about, long_about = None)]
 pub struct Args {
     /// This replica's id; must appear in --initial-cluster.
-    #[arg(long)]
+    #[arg(long, env = "COORD_ID")]
     pub id: u64,
 
     /// Address of the gRPC port (clients and peers).
-    #[arg(long)]
+    #[arg(long, env = "COORD_LISTEN")]
     pub listen: SocketAddr,
 
     /// Address of the HTTP port (/livez, /readyz, /metrics, /status).
-    #[arg(long)]
+    #[arg(long, env = "COORD_HTTP_LISTEN")]
     pub http_listen: SocketAddr,
 
     /// Every replica of the ensemble as `id=host:port`, comma separated.
-    #[arg(long, value_parser = parse_initial_cluster)]
+    #[arg(long, value_parser = parse_initial_cluster, env = "COORD_INITIAL_CLUSTER")]
     pub initial_cluster: InitialCluster,
 
     /// Join a running ensemble instead of bootstrapping one: the replica waits until the leader
     /// adds it (`coordctl member add`). Give the ensemble's own --initial-cluster (it names the
     /// ensemble); this replica's id must not be in it.
-    #[arg(long)]
+    #[arg(long, env = "COORD_JOIN")]
     pub join: bool,
 
     /// Start a new ensemble from a backup (`coordctl snapshot save FILE`): give every replica of
     /// the new ensemble the same file on its first start, on an empty data directory (and any
     /// replica that joins it later). The new ensemble gets an identity of its own, so it never
     /// mixes with the one the backup came from. Later starts need no --restore.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "COORD_RESTORE")]
     pub restore: Option<PathBuf>,
 
     /// Where this replica keeps its Raft log, vote and snapshots.
-    #[arg(long)]
+    #[arg(long, env = "COORD_DATA_DIR")]
     pub data_dir: PathBuf,
 
     /// Distinguishes ensembles started with the same --initial-cluster: replicas refuse data
     /// directories and Raft traffic of another token.
-    #[arg(long, default_value = "coord")]
+    #[arg(long, default_value = "coord", env = "COORD_CLUSTER_TOKEN")]
     pub cluster_token: String,
 
     /// Leader heartbeat interval.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, env = "COORD_HEARTBEAT_MS")]
     pub heartbeat_ms: u64,
 
     /// A follower that hears no leader for a random time in [min, max] starts an election.
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 150, env = "COORD_ELECTION_TIMEOUT_MIN_MS")]
     pub election_timeout_min_ms: u64,
 
     /// Also the leader lease: a voter refuses other candidates this long after it last heard
     /// from its leader, and a leader serves only this long after a quorum last acknowledged it.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, env = "COORD_ELECTION_TIMEOUT_MAX_MS")]
     pub election_timeout_max_ms: u64,
 
     /// Take a snapshot (and purge the log before it) after this many entries.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, env = "COORD_SNAPSHOT_EVERY_ENTRIES")]
     pub snapshot_every_entries: u64,
 
     /// Longest key accepted, in bytes (after normalization).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, env = "COORD_MAX_KEY_BYTES")]
     pub max_key_bytes: usize,
 
     /// Largest value accepted, in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20, env = "COORD_MAX_VALUE_BYTES")]
     pub max_value_bytes: usize,
 
     /// Most keys the store holds; inserting a new key past it fails RESOURCE_EXHAUSTED (0: no
     /// limit). Checked on the leader before proposing, so writes already in flight may overshoot
     /// it by their number.
-    #[arg(long, default_value_t = 10_000_000)]
+    #[arg(long, default_value_t = 10_000_000, env = "COORD_MAX_KEYS")]
     pub max_keys: u64,
 
     /// Requests a second one client may send to this replica, with a burst of one second's worth
     /// (0: no limit). A client is its request-id client, or its connection.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(
+        long,
+        default_value_t = 50_000,
+        env = "COORD_MAX_REQUESTS_PER_SECOND_PER_CLIENT"
+    )]
     pub max_requests_per_second_per_client: u32,
 
     /// Blocking calls (GetKeyValue, barriers, WaitForAllTasks, error polls) one client may have in
     /// flight at this replica (0: no limit).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(
+        long,
+        default_value_t = 100_000,
+        env = "COORD_MAX_BLOCKING_CALLS_PER_CLIENT"
+    )]
     pub max_blocking_calls_per_client: usize,
 
     /// Parked calls (blocking gets, barrier waits, error polls, task watches) and key watch streams
     /// the leader holds across all clients (0: no bound). Each costs about 9 KB of memory; past
     /// the bound new ones fail RESOURCE_EXHAUSTED at once and the replica stays healthy.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = 50_000, env = "COORD_MAX_PARKED_CALLS")]
     pub max_parked_calls: usize,
 
     /// The memory quota on the replicated state, in bytes (keys, values, task and dispatcher
     /// records; 0: none). Past it writes that grow the state fail RESOURCE_EXHAUSTED and an alarm
     /// is raised until deletes bring usage below 95% of it. At most 4 GiB. The leader's is in force.
-    #[arg(long, default_value_t = 2 << 30)]
+    #[arg(long, default_value_t = 2 << 30, env = "COORD_QUOTA_BYTES")]
     pub quota_bytes: u64,
 
     /// Concurrent HTTP/2 streams per client connection (each parked call holds one); further
     /// calls wait in the client for a free stream. tonic's own default is no limit.
-    #[arg(long, default_value_t = 16_384)]
+    #[arg(long, default_value_t = 16_384, env = "COORD_MAX_CONCURRENT_STREAMS")]
     pub max_concurrent_streams: u32,
 
     /// How long a request waits for a reachable leader before it fails UNAVAILABLE.
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = 5_000, env = "COORD_LEADER_WAIT_MS")]
     pub leader_wait_ms: u64,
 
     /// Raft entries the leader keeps in flight; writes arriving meanwhile are batched into the
     /// next entry.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, env = "COORD_MAX_INFLIGHT_PROPOSALS")]
     pub max_inflight_proposals: usize,
 
     /// Do not send a lone write to the followers while the leader syncs it; they then receive
     /// it only after the leader's sync (openraft's order). Sending it ahead makes the three
     /// replicas' syncs overlap.
-    #[arg(long)]
+    #[arg(long, env = "COORD_NO_PRE_APPEND")]
     pub no_pre_append: bool,
 
     /// Send AppendEntries over gRPC only, not over framed links (TLS links in a TLS ensemble;
     /// they spare each replication round trip HTTP/2 and tonic).
-    #[arg(long)]
+    #[arg(long, env = "COORD_NO_RAFT_LINKS")]
     pub no_raft_links: bool,
 
     /// A coordinated job and its task count, `name=count` (repeat for each job), e.g.
     /// `--job worker=4 --job ps=2`.
-    #[arg(long = "job", value_parser = parse_job)]
+    #[arg(long = "job", value_parser = parse_job, value_delimiter = ',', env = "COORD_JOB")]
     pub jobs: Vec<(String, u32)>,
 
     /// A JSON file with the cluster configuration instead of the --job and timeout flags:
     /// `{"jobs": {"worker": 4}, "heartbeat_timeout_ms": 10000, "register_timeout_ms": 0,
     /// "shutdown_barrier_timeout_ms": 0, "recoverable_jobs": []}` (fields may be left out).
-    #[arg(long)]
+    #[arg(long, env = "COORD_CLUSTER_CONFIG")]
     pub cluster_config: Option<PathBuf>,
 
     /// A connected task that sends no heartbeat for this long is put in ERROR.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, env = "COORD_HEARTBEAT_TIMEOUT_MS")]
     pub heartbeat_timeout_ms: u64,
 
     /// WaitForAllTasks fails if not every task has arrived this long after the first (0 = wait
     /// forever).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "COORD_REGISTER_TIMEOUT_MS")]
     pub register_timeout_ms: u64,
 
     /// ShutdownTask waits up to this long for every task, so that all disconnect together
     /// (0 = each task disconnects at once).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "COORD_SHUTDOWN_BARRIER_TIMEOUT_MS")]
     pub shutdown_barrier_timeout_ms: u64,
 
     /// The job whose tasks XLA's integer task ids name on `xla.coordination.CoordinationService`
     /// (default: the first --job, or the first job of --cluster-config in name order). Give
     /// every replica the same value.
-    #[arg(long)]
+    #[arg(long, env = "COORD_XLA_JOB")]
     pub xla_job: Option<String>,
 
     /// A job whose tasks may restart without failing the others (repeatable).
-    #[arg(long = "recoverable-job")]
+    #[arg(
+        long = "recoverable-job",
+        value_delimiter = ',',
+        env = "COORD_RECOVERABLE_JOB"
+    )]
     pub recoverable_jobs: Vec<String>,
 
     /// Bind outgoing connections to other replicas to this local address (on a host with several
     /// interfaces; the fault-injection tests also use it to tell replicas apart).
-    #[arg(long)]
+    #[arg(long, env = "COORD_PEER_SOURCE_IP")]
     pub peer_source_ip: Option<std::net::IpAddr>,
 
     /// Threads of the async runtime; 0 = one per CPU core.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "COORD_WORKER_THREADS")]
     pub worker_threads: usize,
 
     /// The dispatcher declares a data worker dead after this long without a heartbeat, and hands
     /// the splits it had not delivered to other workers.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(
+        long,
+        default_value_t = 10_000,
+        env = "COORD_DISPATCHER_WORKER_TIMEOUT_MS"
+    )]
     pub dispatcher_worker_timeout_ms: u64,
 
     /// The dispatcher releases a job client after this long without a heartbeat (TF: 5 min).
-    #[arg(long, default_value_t = 300_000)]
+    #[arg(
+        long,
+        default_value_t = 300_000,
+        env = "COORD_DISPATCHER_CLIENT_TIMEOUT_MS"
+    )]
     pub dispatcher_client_timeout_ms: u64,
 
     /// A job (other than DYNAMIC) with no clients for this long is garbage-collected (TF: 5 min).
-    #[arg(long, default_value_t = 300_000)]
+    #[arg(
+        long,
+        default_value_t = 300_000,
+        env = "COORD_DISPATCHER_JOB_GC_TIMEOUT_MS"
+    )]
     pub dispatcher_job_gc_timeout_ms: u64,
 
     /// TensorFlow's tf.data service: the fixed list of workers that static sharding (FILE, DATA,
@@ -201,11 +234,15 @@ pub struct Args {
     /// A TensorFlow tf.data worker silent this long is lost: iterations made meanwhile get no
     /// task on it (it gets them when it heartbeats again). TF's workers heartbeat every 30 s by
     /// default.
-    #[arg(long, default_value_t = 120_000)]
+    #[arg(
+        long,
+        default_value_t = 120_000,
+        env = "COORD_TFDATA_WORKER_TIMEOUT_MS"
+    )]
     pub tfdata_worker_timeout_ms: u64,
 
     /// /readyz fails while this replica is more entries than this behind the leader.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 1_000, env = "COORD_READY_MAX_LAG")]
     pub ready_max_lag: u64,
 
     /// This replica's certificate (PEM, leaf first). With --tls-key and --tls-ca the gRPC port
@@ -428,6 +465,69 @@ impl std::fmt::Display for InitialCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every flag has its `COORD_*` environment variable, named after it (as etcd has `ETCD_*`).
+    #[test]
+    fn every_flag_has_its_environment_variable() {
+        use clap::CommandFactory;
+        let command = Args::command();
+        let mut flags = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let expected = format!("COORD_{}", long.to_uppercase().replace('-', "_"));
+            let env = arg.get_env().map(|e| e.to_string_lossy().to_string());
+            assert_eq!(env.as_deref(), Some(expected.as_str()), "--{long}");
+            flags += 1;
+        }
+        assert!(flags >= 40, "{flags} flags");
+    }
+
+    /// A flag given in the environment takes effect; the command line wins over it; list flags
+    /// take comma-separated values there.
+    #[test]
+    fn flags_are_read_from_the_environment() {
+        // The variables are read through clap's `env` lookup: set them for this process only
+        // (no other test of this binary reads COORD_* variables).
+        std::env::set_var("COORD_QUOTA_BYTES", "12345");
+        std::env::set_var("COORD_JOB", "worker=4,ps=2");
+        std::env::set_var("COORD_NO_PRE_APPEND", "true");
+        std::env::set_var("COORD_HEARTBEAT_MS", "70");
+        let base = [
+            "coordinator",
+            "--id",
+            "1",
+            "--listen",
+            "127.0.0.1:1",
+            "--http-listen",
+            "127.0.0.1:2",
+            "--initial-cluster",
+            "1=127.0.0.1:1",
+            "--data-dir",
+            "/tmp/x",
+            "--heartbeat-ms",
+            "60",
+        ];
+        let parsed = Args::try_parse_from(base);
+        for var in [
+            "COORD_QUOTA_BYTES",
+            "COORD_JOB",
+            "COORD_NO_PRE_APPEND",
+            "COORD_HEARTBEAT_MS",
+        ] {
+            std::env::remove_var(var);
+        }
+        let args = parsed.expect("parse");
+        assert_eq!(args.quota_bytes, 12345);
+        assert_eq!(
+            args.jobs,
+            vec![("worker".to_string(), 4), ("ps".to_string(), 2)]
+        );
+        assert!(args.no_pre_append);
+        assert_eq!(args.heartbeat_ms, 60, "the command line wins");
+    }
 
     #[test]
     fn parses_initial_cluster() {

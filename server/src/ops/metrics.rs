@@ -53,7 +53,10 @@ impl Metrics {
             "Client RPCs by method and gRPC status code.",
         );
         for ((method, code), snap) in rpcs {
-            let labels = format!("method=\"{method}\",code=\"{:?}\"", Code::from(code));
+            let labels = format!(
+                "method=\"{method}\",code=\"{}\"",
+                grpc_code_name(Code::from(code))
+            );
             histogram(out, "coord_rpc_duration_seconds", &labels, &snap);
         }
         counter(
@@ -62,6 +65,30 @@ impl Metrics {
             "Leader changes this replica observed.",
             self.leader_changes.load(Relaxed),
         );
+    }
+}
+
+/// A status code as gRPC names it (`OK`, `UNAVAILABLE`), as Prometheus exporters of gRPC
+/// servers label it; not tonic's Rust names (`Ok`, `Unavailable`).
+pub fn grpc_code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -75,6 +102,12 @@ pub fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
 }
 
 pub fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    header(out, name, "counter", help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// A counter of a fractional quantity (seconds of CPU).
+pub fn counter_f64(out: &mut String, name: &str, help: &str, value: f64) {
     header(out, name, "counter", help);
     let _ = writeln!(out, "{name} {value}");
 }
@@ -112,12 +145,34 @@ mod tests {
         m.record_rpc("GetKeyValue", Code::Ok, Duration::from_millis(20));
         let mut out = String::new();
         m.render_rpcs(&mut out);
-        assert!(out.contains("coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"Ok\",le=\"0.00005\"} 1"));
+        assert!(out.contains("coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"OK\",le=\"0.00005\"} 1"));
         assert!(out.contains(
-            "coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"Ok\",le=\"+Inf\"} 2"
+            "coord_rpc_duration_seconds_bucket{method=\"GetKeyValue\",code=\"OK\",le=\"+Inf\"} 2"
         ));
         assert!(
-            out.contains("coord_rpc_duration_seconds_count{method=\"GetKeyValue\",code=\"Ok\"} 2")
+            out.contains("coord_rpc_duration_seconds_count{method=\"GetKeyValue\",code=\"OK\"} 2")
         );
+    }
+
+    #[test]
+    fn codes_carry_grpc_names() {
+        assert_eq!(grpc_code_name(Code::Ok), "OK");
+        assert_eq!(
+            grpc_code_name(Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        // Every code's name is the upper-snake form of tonic's.
+        for n in 0..=16 {
+            let code = Code::from(n);
+            let rust = format!("{code:?}");
+            let mut snake = String::new();
+            for (i, c) in rust.chars().enumerate() {
+                if c.is_uppercase() && i > 0 {
+                    snake.push('_');
+                }
+                snake.push(c.to_ascii_uppercase());
+            }
+            assert_eq!(grpc_code_name(code), snake);
+        }
     }
 }

@@ -6,7 +6,8 @@
 //!   [`tls_reload`]: the served certificate reloaded on SIGHUP or when its files change.
 //! - [`limits`]: per-client admission; [`request_id`]: request ids in metadata.
 //! - [`status`]: a replica's view of the ensemble; [`metrics`]: RPC counts and latencies, and the
-//!   Prometheus text format (served by [`crate::api::http`]).
+//!   Prometheus text format (served by [`crate::api::http`]); [`process`]: the `process_*`
+//!   metrics.
 
 pub mod authz;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod data_lock;
 pub mod identity;
 pub mod limits;
 pub mod metrics;
+pub mod process;
 pub mod request_id;
 pub mod restore;
 pub mod status;

@@ -578,6 +578,7 @@ impl Replica {
             sync: self.sync_stats.clone(),
             links: self.link_stats.clone(),
             hub: self.hub.clone(),
+            leader: self.leader.clone(),
         }
     }
 }

@@ -29,6 +29,26 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
     );
     gauge(
         &mut out,
+        "coord_has_leader",
+        "1 if this replica knows a leader: it leads, or has heard from its leader within the lease.",
+        f64::from(u8::from(
+            r.leader.current() != crate::raft::leader::Leadership::Unknown,
+        )),
+    );
+    header(
+        &mut out,
+        "coord_build_info",
+        "gauge",
+        "The coordinator's version and the commit it was built from; always 1.",
+    );
+    let _ = writeln!(
+        out,
+        "coord_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        env!("COORD_COMMIT")
+    );
+    gauge(
+        &mut out,
         "coord_raft_last_log_index",
         "Last index in this replica's log.",
         st.last_log_index as f64,
@@ -268,6 +288,7 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Keys in the key-value store.",
         keys as f64,
     );
+    crate::ops::process::render(&mut out);
     let _ = writeln!(out);
     (
         [(

@@ -56,6 +56,8 @@ pub struct Observed {
     pub sync: Arc<SyncStats>,
     pub links: Arc<LinkStats>,
     pub hub: Arc<ApplyHub>,
+    /// Who leads, as this replica believes (`coord_has_leader`).
+    pub leader: crate::raft::leader::LeaderWatch,
 }
 
 impl Observed {

@@ -35,13 +35,13 @@ pub fn write(out: &mut String, s: &DispatcherState) {
     let dynamic = || s.jobs.values().filter(|j| j.mode == Mode::Dynamic);
     header(
         out,
-        "coord_dispatcher_splits",
+        "coord_dispatcher_splits_total",
         "counter",
         "DYNAMIC splits: handed out (first time), delivered, re-issued after their worker died.",
     );
     let _ = writeln!(
         out,
-        "coord_dispatcher_splits{{kind=\"handed_out\"}} {}\ncoord_dispatcher_splits{{kind=\"delivered\"}} {}\ncoord_dispatcher_splits{{kind=\"reissued\"}} {}",
+        "coord_dispatcher_splits_total{{kind=\"handed_out\"}} {}\ncoord_dispatcher_splits_total{{kind=\"delivered\"}} {}\ncoord_dispatcher_splits_total{{kind=\"reissued\"}} {}",
         dynamic().map(|j| j.splits.next).sum::<u64>(),
         dynamic().map(|j| j.splits.delivered).sum::<u64>(),
         dynamic().map(|j| j.splits.reissued).sum::<u64>(),

@@ -253,7 +253,7 @@ pub(super) fn log_leader(during: &BTreeMap<String, f64>) {
     // coord-proxy's leases arrive as GetSplits; TF's own GetSplit straight to a replica.
     let rpc = |method: &str, part: &str| {
         d(&format!(
-            "coord_rpc_duration_seconds_{part}{{method=\"tfdata/{method}\",code=\"Ok\"}}"
+            "coord_rpc_duration_seconds_{part}{{method=\"tfdata/{method}\",code=\"OK\"}}"
         ))
     };
     let calls = rpc("GetSplits", "count") + rpc("GetSplit", "count");
