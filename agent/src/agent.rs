@@ -37,7 +37,7 @@ use crate::watch::{KeyChange, WatchSet};
 /// How to reach the ensemble and who this task is.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// Every replica's gRPC address.
+    /// Every replica's gRPC address, in any form [`ClientOptions::endpoints`] takes.
     pub endpoints: Vec<String>,
     pub job: String,
     pub task_id: i32,

@@ -41,7 +41,9 @@ const MESSAGE_LIMIT: usize = 64 << 20;
 
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
-    /// Every replica's gRPC address, `host:port`.
+    /// Every replica's gRPC address: `host:port`, or a URL, `http://host:port` or
+    /// `https://host:port`, whose scheme must agree with [`ClientOptions::tls`] (see
+    /// [`coord_proto::tls::endpoint_addrs`]). The client works with, and prints, `host:port`.
     pub endpoints: Vec<String>,
     /// How long calls keep retrying while no replica can serve them.
     pub unavailable_after: Duration,
@@ -73,6 +75,8 @@ pub struct CoordClient {
 }
 
 struct Inner {
+    /// The replicas' addresses as `host:port`, whatever form they were given in: leader hints and
+    /// member lists name replicas this way.
     endpoints: Vec<String>,
     channels: Vec<Channel>,
     /// Index of the replica calls go to first.
@@ -82,36 +86,34 @@ struct Inner {
 }
 
 impl CoordClient {
-    /// Creates the client; no connection is made until the first call.
+    /// Creates the client; no connection is made until the first call. Endpoints that cannot be
+    /// used (malformed, or a URL scheme that disagrees with the TLS configuration) are refused
+    /// here, as INVALID_ARGUMENT naming the endpoint.
     pub fn new(options: ClientOptions) -> Result<Self, Status> {
         if options.endpoints.is_empty() {
             return Err(Status::invalid_argument("no coordinator endpoints given"));
         }
-        let channels = options
-            .endpoints
+        let endpoints = coord_proto::tls::endpoint_addrs(&options.endpoints, options.tls.is_some())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let channels = endpoints
             .iter()
-            .map(|addr| {
-                coord_proto::tls::endpoint(addr, options.tls.as_ref())
-                    .map(|e| {
-                        let e = e
-                            .connect_timeout(options.connect_timeout)
-                            .http2_keep_alive_interval(Duration::from_secs(5))
-                            .keep_alive_timeout(Duration::from_secs(5))
-                            .keep_alive_while_idle(true);
-                        coord_proto::conn::EagerEnd(coord_proto::conn::connect_lazy(&e, None))
-                    })
-                    .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))
-            })
+            .map(|addr| channel(addr, &options))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoints: options.endpoints.clone(),
+                endpoints,
                 channels,
                 preferred: AtomicUsize::new(0),
                 session: RequestSession::new(rand::random::<u64>() | 1),
                 options,
             }),
         })
+    }
+
+    /// The replicas' addresses, `host:port`, in the order given (the order `status_of` and
+    /// `snapshot_of` index).
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
     }
 
     /// Asks the replicas who leads and sends calls there from now on. Best effort: a client that
@@ -297,6 +299,19 @@ impl CoordClient {
     }
 }
 
+/// A lazily connected channel to the replica at `addr` (`host:port`).
+fn channel(addr: &str, options: &ClientOptions) -> Result<Channel, Status> {
+    let endpoint = coord_proto::tls::endpoint(addr, options.tls.as_ref())
+        .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))?
+        .connect_timeout(options.connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    Ok(coord_proto::conn::EagerEnd(
+        coord_proto::conn::connect_lazy(&endpoint, None),
+    ))
+}
+
 /// A retry pause drawn at random from [`d`/2, `d`]: thousands of clients that lost their leader
 /// together do not all come back in the same millisecond.
 pub fn jittered(d: Duration) -> Duration {
@@ -336,6 +351,27 @@ fn describe(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// URL endpoints are dialled, matched and printed as `host:port`; one the TLS configuration
+    /// cannot honour is refused at construction, by name, as a bad argument.
+    #[tokio::test]
+    async fn endpoints_are_kept_as_host_and_port() {
+        let given = ["http://127.0.0.1:7101/", "127.0.0.1:7102"].map(String::from);
+        let client = CoordClient::new(ClientOptions::new(given.to_vec())).expect("client");
+        assert_eq!(client.endpoints(), ["127.0.0.1:7101", "127.0.0.1:7102"]);
+        assert_eq!(client.index_of("127.0.0.1:7101"), Some(0));
+
+        let https = vec!["https://127.0.0.1:7101".to_string()];
+        let err = CoordClient::new(ClientOptions::new(https))
+            .err()
+            .expect("https without TLS");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains("\"https://127.0.0.1:7101\""),
+            "{err}"
+        );
+        assert!(err.message().contains("--tls-ca"), "{err}");
+    }
 
     #[test]
     fn retry_pauses_are_spread_over_the_upper_half_of_the_backoff() {

@@ -9,6 +9,9 @@
 //! Files are read and parsed when the configuration is built, not on the first connection, so a
 //! missing file, a file with no certificate or a key that is not a key is reported at start-up,
 //! naming the file.
+//!
+//! The `endpoints` submodule reads the replicas' addresses as users write them (`host:port`,
+//! `http://` or `https://` URLs) and checks a URL's scheme against the TLS configuration.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -16,6 +19,9 @@ use std::path::{Path, PathBuf};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
+
+mod endpoints;
+pub use endpoints::{endpoint_addrs, parse_endpoint, EndpointError, EndpointSpec, Transport};
 
 /// The URI scheme of coord identities.
 pub const SCHEME: &str = "coord";
@@ -292,6 +298,7 @@ impl fmt::Debug for ClientTls {
 }
 
 /// The endpoint of the gRPC server at `addr` (`host:port`): `https` with `tls`, `http` without.
+/// What a user wrote (a URL, perhaps) becomes `host:port` through [`endpoint_addrs`] first.
 pub fn endpoint(addr: &str, tls: Option<&ClientTls>) -> Result<Endpoint, String> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))

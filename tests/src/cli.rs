@@ -33,3 +33,26 @@ pub fn coordctl_json(endpoints: &[String], args: &[&str]) -> Value {
         )
     })
 }
+
+/// Runs `coordctl --endpoints ... ARGS` with `input` on its stdin.
+pub fn coordctl_with_stdin(endpoints: &[String], args: &[&str], input: Vec<u8>) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(workspace_binary("coord-agent", "coordctl", None))
+        .arg("--endpoints")
+        .arg(endpoints.join(","))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run coordctl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // From another thread: coordctl may answer (and stop reading) before taking all of it.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().expect("coordctl's output");
+    writer.join().expect("the stdin writer");
+    out
+}

@@ -1,5 +1,6 @@
 //! `coordctl` as a script uses it: the real binary against a 3-replica ensemble, `-o json`
-//! output parsed, exit codes checked; and the metrics it reads beside.
+//! output parsed, exit codes checked; and the metrics it reads beside. Also the habits users
+//! bring from etcdctl: endpoint URLs (plain and TLS), a value on stdin, raw output, completions.
 
 use std::io::BufRead;
 use std::process::{Command, Stdio};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
-use coord_tests::cli::{coordctl, coordctl_json};
+use coord_tests::cli::{coordctl, coordctl_json, coordctl_with_stdin};
 use coord_tests::cluster::{free_ports, workspace_binary};
 use coord_tests::{http, Cluster, ClusterOptions};
 use serde_json::Value;
@@ -231,6 +232,9 @@ async fn coordctl_ends_a_run() {
     });
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let eps = cluster.endpoints();
+    // The first coordctl call of the test process builds coordctl if it is stale: before the
+    // task's heartbeat clock starts, not after (the task never heartbeats).
+    json(&eps, &["status"]);
     let client = CoordClient::new(ClientOptions::new(eps.clone())).expect("client");
     client.register_task(&worker(0), 7).await.expect("register");
     client
@@ -275,4 +279,142 @@ async fn coordctl_ends_a_run() {
         .register_task(&worker(0), 7)
         .await
         .expect("registers into the next run");
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `host:port` as `scheme://host:port/`.
+fn urls(endpoints: &[String], scheme: &str) -> Vec<String> {
+    endpoints
+        .iter()
+        .map(|e| format!("{scheme}://{e}/"))
+        .collect()
+}
+
+/// Endpoints written as URLs (etcdctl's form) reach a plain ensemble and are shown as `host:port`;
+/// `https://` without the ensemble's CA, a mix of schemes and other schemes are refused, naming
+/// the endpoint. A 4 MiB binary value goes in through stdin and comes back byte for byte with
+/// `kv get --raw`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordctl_endpoint_urls_stdin_values_and_raw_output() {
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let eps = cluster.endpoints();
+    let http = urls(&eps, "http");
+
+    let status = json(&http, &["status"]);
+    let shown: Vec<&str> = status
+        .as_array()
+        .map(|rows| rows.iter().filter_map(|r| r["endpoint"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(shown, eps, "{status}");
+    assert!(
+        status.as_array().is_some_and(|rows| rows
+            .iter()
+            .any(|r| r["state"] == "Leader" && r["id"] == leader)),
+        "{status}"
+    );
+
+    let https = urls(&eps, "https");
+    let refused = coordctl(&https, &["kv", "try-get", "x"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let message = stderr(&refused);
+    assert!(message.contains(&format!("{:?}", https[0])), "{message}");
+    assert!(message.contains("--tls-ca"), "{message}");
+    let mixed = [http[0].clone(), https[1].clone()];
+    let refused = coordctl(&mixed, &["kv", "try-get", "x"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("same scheme"),
+        "{}",
+        stderr(&refused)
+    );
+    for bad in [format!("ftp://{}", eps[0]), format!("http://{}/v3", eps[0])] {
+        let refused = coordctl(std::slice::from_ref(&bad), &["kv", "try-get", "x"]);
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{bad}: {}",
+            stderr(&refused)
+        );
+        let message = stderr(&refused);
+        assert!(message.contains(&format!("{bad:?}")), "{message}");
+    }
+
+    // The server's default --max-value-bytes is 4 MiB: a value of exactly that, every byte
+    // value in it (so not UTF-8), ending in a newline that must survive.
+    let mut next = coord_proto::fuzz::xorshift(0x5EED);
+    let mut value: Vec<u8> = (0..4 << 20).map(|_| next() as u8).collect();
+    value[..256].copy_from_slice(&(0..=255).collect::<Vec<u8>>());
+    if let Some(last) = value.last_mut() {
+        *last = b'\n';
+    }
+    let put = coordctl_with_stdin(&http, &["kv", "put", "blob"], value.clone());
+    assert!(put.status.success(), "{}", stderr(&put));
+    let got = coordctl(&eps, &["kv", "get", "--raw", "blob"]);
+    assert!(got.status.success(), "{}", stderr(&got));
+    assert_eq!(got.stdout.len(), value.len());
+    assert!(got.stdout == value, "the value read back differs");
+    // An empty stdin is an empty value; `get` without --raw still adds its newline.
+    let put = coordctl_with_stdin(&eps, &["kv", "put", "empty"], Vec::new());
+    assert!(put.status.success(), "{}", stderr(&put));
+    let got = coordctl(&eps, &["kv", "try-get", "--raw", "empty"]);
+    assert!(got.status.success() && got.stdout.is_empty(), "{got:?}");
+    let got = coordctl(&eps, &["kv", "get", "empty"]);
+    assert_eq!(got.stdout, b"\n");
+}
+
+/// `https://` endpoints with the ensemble's CA and an operator's certificate reach a TLS
+/// ensemble; `http://` beside `--tls-ca` is refused, naming the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordctl_https_endpoints_reach_a_tls_ensemble() {
+    let mut cluster = Cluster::start(ClusterOptions {
+        tls: true,
+        ..ClusterOptions::default()
+    });
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let pki = cluster.pki();
+    let files = pki.issue(&pki.client_identity("ops"));
+    let (ca, cert, key) = (
+        pki.ca_path().display().to_string(),
+        files.cert.display().to_string(),
+        files.key.display().to_string(),
+    );
+    let tls = ["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+    let https = urls(&cluster.endpoints(), "https");
+    let with = |args: &[&'static str]| [&tls[..], args].concat();
+
+    let put = coordctl(&https, &with(&["kv", "put", "over/tls", "yes"]));
+    assert!(put.status.success(), "{}", stderr(&put));
+    let got = coordctl(&https, &with(&["kv", "get", "--raw", "over/tls"]));
+    assert!(got.status.success(), "{}", stderr(&got));
+    assert_eq!(got.stdout, b"yes");
+
+    let http = urls(&cluster.endpoints(), "http");
+    let refused = coordctl(&http, &with(&["kv", "get", "over/tls"]));
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let message = stderr(&refused);
+    assert!(message.contains(&format!("{:?}", http[0])), "{message}");
+    assert!(message.contains("TLS is configured"), "{message}");
+}
+
+/// `coordctl completion SHELL` prints a script, needing no ensemble (nothing listens at the
+/// endpoints given).
+#[test]
+fn coordctl_prints_completion_scripts() {
+    let nowhere = vec![format!("https://127.0.0.1:{}", free_ports(1)[0])];
+    for shell in ["bash", "zsh", "fish"] {
+        let out = coordctl(&nowhere, &["completion", shell]);
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains("coordctl"), "{shell}: {script}");
+        assert!(
+            script.contains("transfer-leader"),
+            "{shell}: no subcommands in it"
+        );
+    }
+    let unknown = coordctl(&nowhere, &["completion", "tcsh"]);
+    assert_eq!(unknown.status.code(), Some(2));
 }

@@ -33,7 +33,8 @@ struct Cli {
     /// Where TensorFlow or jaxlib connects (keep it on localhost).
     #[arg(long, default_value = "127.0.0.1:7200")]
     listen: SocketAddr,
-    /// gRPC addresses of the ensemble's replicas, comma separated.
+    /// gRPC addresses of the ensemble's replicas, comma separated: host:port, http://host:port
+    /// or https://host:port (https needs --tls-ca).
     #[arg(long, env = "COORD_ENDPOINTS", value_delimiter = ',', required = true)]
     coordinators: Vec<String>,
     /// A call fails UNAVAILABLE only after no replica could serve it for this long.
@@ -124,7 +125,7 @@ async fn run(cli: Cli) -> ExitCode {
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
     let tfdata = DispatcherServiceServer::new(
-        TfDataProxy::new(client).with_split_lease(cli.tfdata_split_lease),
+        TfDataProxy::new(client.clone()).with_split_lease(cli.tfdata_split_lease),
     )
     .max_decoding_message_size(64 << 20)
     .max_encoding_message_size(64 << 20)
@@ -132,7 +133,7 @@ async fn run(cli: Cli) -> ExitCode {
     eprintln!(
         "coord-proxy: serving tensorflow.CoordinationService, tensorflow.data.DispatcherService and xla.coordination.CoordinationService on {} for {}",
         cli.listen,
-        cli.coordinators.join(",")
+        client.endpoints().join(",")
     );
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let shutdown = async {

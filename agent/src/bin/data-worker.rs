@@ -27,7 +27,8 @@ use tonic::transport::server::TcpIncoming;
     about = "tf.data worker for a coord ensemble"
 )]
 struct Cli {
-    /// gRPC addresses of the ensemble's replicas, comma separated.
+    /// gRPC addresses of the ensemble's replicas, comma separated: host:port, http://host:port
+    /// or https://host:port (https needs --tls-ca).
     #[arg(long, env = "COORD_ENDPOINTS", value_delimiter = ',', required = true)]
     coordinators: Vec<String>,
     /// Where consumers reach this worker (port 0 picks a free port).

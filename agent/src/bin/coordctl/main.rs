@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! coordctl --endpoints 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 status
+//! coordctl --endpoints http://127.0.0.1:7101,http://127.0.0.1:7102 status   # etcdctl's form
+//! coordctl --endpoints https://10.0.0.1:7101 --tls-ca ca.crt status        # https needs the CA
 //! coordctl kv put config/lr 0.01
+//! coordctl kv put model/weights < weights.bin   # no VALUE: all of stdin, as bytes
 //! coordctl kv get config/lr          # waits until the key exists
+//! coordctl kv get --raw model/weights > out.bin  # the bytes exactly, no newline
 //! coordctl kv ls config
 //! coordctl kv watch config           # every change under config/, until interrupted
 //! coordctl kv rm config
@@ -20,21 +24,22 @@
 //! coordctl dispatcher workers
 //! coordctl dispatcher journal        # one line per dispatcher update
 //! coordctl -o json tasks             # JSON for scripts (kv watch: one JSON object per line)
+//! coordctl completion bash           # a completion script: bash, zsh, fish (README: "Operate")
 //! ```
 //!
-//! Exit codes: 0 success, 1 the ensemble answered with an error, 2 bad usage or a request the
-//! ensemble refused as invalid, 3 a key that `try-get` did not find, 4 the ensemble was
-//! unreachable. With `-o json`, an error is also printed as `{"error": {"code", "message"}}` on
-//! stderr.
+//! Exit codes: 0 success, 1 the ensemble answered with an error, 2 bad usage (an endpoint that
+//! cannot be used included) or a request the ensemble refused as invalid, 3 a key that `try-get`
+//! did not find, 4 the ensemble was unreachable. With `-o json`, an error is also printed as
+//! `{"error": {"code", "message"}}` on stderr.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 mod dispatcher;
+mod kv;
 mod snapshot;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use coord_agent::watch::{ChangeKind, WatchSet};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use coord_agent::CoordClient;
 use serde_json::{json, Value};
 use tonic::{Code, Status};
@@ -50,7 +55,8 @@ enum Output {
 #[derive(Parser)]
 #[command(name = "coordctl", version, about = "Talk to a coord ensemble")]
 struct Cli {
-    /// gRPC addresses of the replicas, comma separated.
+    /// gRPC addresses of the replicas, comma separated: host:port, http://host:port or
+    /// https://host:port (https needs --tls-ca).
     #[arg(
         long,
         env = "COORD_ENDPOINTS",
@@ -85,7 +91,7 @@ enum Cmd {
     },
     /// The key-value store.
     #[command(subcommand)]
-    Kv(KvCmd),
+    Kv(kv::KvCmd),
     /// The ensemble's replicas.
     #[command(subcommand)]
     Member(MemberCmd),
@@ -104,6 +110,11 @@ enum Cmd {
         /// Only check that the process serves (`/livez`), not that it is ready.
         #[arg(long)]
         live: bool,
+    },
+    /// Print a completion script for SHELL (see the README's "Operate" for where it goes).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -132,30 +143,15 @@ enum RunCmd {
     },
 }
 
-#[derive(Subcommand)]
-enum KvCmd {
-    /// Insert a key (fails if it exists, unless --overwrite).
-    Put {
-        key: String,
-        value: String,
-        #[arg(long)]
-        overwrite: bool,
-    },
-    /// Print a key's value, waiting until it exists.
-    Get { key: String },
-    /// Print a key's value; exit 3 if it does not exist.
-    TryGet { key: String },
-    /// List the keys and values under a directory.
-    Ls { dir: String },
-    /// Delete a key and everything under it.
-    Rm { key: String },
-    /// Print every change of a key and the keys under it, until interrupted.
-    Watch { key: String },
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Needs no ensemble: before the endpoints are even looked at.
+    if let Cmd::Completion { shell } = cli.command {
+        let mut command = Cli::command();
+        clap_complete::generate(shell, &mut command, "coordctl", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let mut options = match cli.tls.client_options(cli.endpoints.clone()) {
         Ok(o) => o,
         Err(e) => return fail(&Status::invalid_argument(e), cli.output),
@@ -167,15 +163,16 @@ async fn main() -> ExitCode {
     };
     let out = cli.output;
     let result = match cli.command {
-        Cmd::Status => status(&client, &cli.endpoints, out).await,
+        Cmd::Status => status(&client, out).await,
         Cmd::Tasks => tasks(&client, out).await,
         Cmd::Barriers => barriers(&client, out).await,
-        Cmd::Snapshot { save } => snapshot::run(&client, &cli.endpoints, save, out).await,
-        Cmd::Kv(cmd) => kv(&client, cmd, out).await,
+        Cmd::Snapshot { save } => snapshot::run(&client, client.endpoints(), save, out).await,
+        Cmd::Kv(cmd) => kv::run(&client, cmd, out).await,
         Cmd::Member(cmd) => member(&client, cmd, out).await,
         Cmd::Run(RunCmd::End { reason }) => end_run(&client, &reason, out).await,
         Cmd::Dispatcher(cmd) => dispatcher::run(&client, cmd, out).await,
         Cmd::Health { http, live } => Ok(health(&http, if live { "/livez" } else { "/readyz" })),
+        Cmd::Completion { .. } => Ok(ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -274,13 +271,9 @@ fn fail(e: &Status, out: Output) -> ExitCode {
     }
 }
 
-async fn status(
-    client: &CoordClient,
-    endpoints: &[String],
-    out: Output,
-) -> Result<ExitCode, Status> {
+async fn status(client: &CoordClient, out: Output) -> Result<ExitCode, Status> {
     let mut replies = Vec::new();
-    for (i, ep) in endpoints.iter().enumerate() {
+    for (i, ep) in client.endpoints().iter().enumerate() {
         replies.push((ep, client.status_of(i).await));
     }
     if replies.iter().all(|(_, r)| r.is_err()) {
@@ -448,82 +441,6 @@ fn health(addr: &str, path: &str) -> ExitCode {
         Err(e) => {
             eprintln!("coordctl: {addr}{path}: {e}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-async fn kv(client: &CoordClient, cmd: KvCmd, out: Output) -> Result<ExitCode, Status> {
-    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
-    let value = |key: &str, v: &[u8]| {
-        if out == Output::Json {
-            println!("{}", json!({"key": key, "value": text(v)}));
-        } else {
-            println!("{}", text(v));
-        }
-    };
-    match cmd {
-        KvCmd::Put {
-            key,
-            value,
-            overwrite,
-        } => client.insert(&key, value.into_bytes(), overwrite).await?,
-        KvCmd::Get { key } => value(&key, &client.get(&key).await?),
-        KvCmd::TryGet { key } => match client.try_get(&key).await? {
-            Some(v) => value(&key, &v),
-            None => {
-                let e = Status::not_found(format!("key {key:?} not found"));
-                fail(&e, out);
-                return Ok(ExitCode::from(3));
-            }
-        },
-        KvCmd::Ls { dir } => {
-            let mut t = Table::new(&["KEY", "VALUE"]);
-            for (k, v) in client.get_dir(&dir).await? {
-                t.push(vec![json!(k), json!(text(&v))]);
-            }
-            t.print(out);
-        }
-        KvCmd::Rm { key } => client.delete(&key).await?,
-        KvCmd::Watch { key } => return watch(client, &key, out).await,
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Prints every change under `key` as it commits (resuming across leader changes), until
-/// interrupted or the watch fails.
-async fn watch(client: &CoordClient, key: &str, out: Output) -> Result<ExitCode, Status> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watches = WatchSet::new(client.clone());
-    watches.start(
-        key,
-        std::sync::Arc::new(move |changes| {
-            let _ = tx.send(changes);
-        }),
-    )?;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
-            got = rx.recv() => match got {
-                None => return Ok(ExitCode::SUCCESS),
-                Some(Err(e)) => return Err(e),
-                Some(Ok(changes)) => {
-                    for c in changes {
-                        let kind = match c.kind {
-                            ChangeKind::Put => "PUT",
-                            ChangeKind::Delete => "DELETE",
-                        };
-                        let v = String::from_utf8_lossy(&c.value);
-                        if out == Output::Json {
-                            println!(
-                                "{}",
-                                json!({"kind": kind, "key": c.key, "value": v, "revision": c.revision})
-                            );
-                        } else {
-                            println!("{kind}\t{}\t{v}\t{}", c.key, c.revision);
-                        }
-                    }
-                }
-            }
         }
     }
 }
