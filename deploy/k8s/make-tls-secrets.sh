@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes a test CA and the certificates of the Kubernetes ensemble (deploy/k8s/coord.yaml), and
+# Makes a test CA and the certificates of the Kubernetes ensemble (deploy/k8s/base/coord.yaml), and
 # stores them as Secrets:
 #   coord-tls                       ca.crt, replica-<id>.crt/.key of replicas 1-3 (the StatefulSet)
 #   coord-task-<job>-<index>        ca.crt, tls.crt, tls.key of each task (for its coord-proxy)

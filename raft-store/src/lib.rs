@@ -24,8 +24,8 @@
 //!   and report [`Change`]s. The one place a dispatcher result becomes a [`CommandResult`].
 //! - [`types`]: the openraft type configuration (a [`Proposal`] in, a [`CommandResult`] per command
 //!   out).
-//! - [`storage`]: openraft's log storage (segment files with group-committed `fdatasync`), the
-//!   in-memory state machine, snapshot files.
+//! - [`storage`]: openraft's log storage (segment files, or sled with `--raft-log sled`, either
+//!   with group-committed `fdatasync`), the in-memory state machine, snapshot files.
 
 // openraft's storage traits return its `StorageError` (over 200 bytes) by value; helpers share
 // that type rather than box it and convert at every trait boundary.

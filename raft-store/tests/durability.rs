@@ -1,6 +1,7 @@
 //! No write is acknowledged before its sync: a real one-replica openraft runs on the real store,
-//! and a sync hook holds back or fails the flusher's syncs.
+//! on each log engine, and a sync hook holds back or fails the flusher's syncs.
 
+#[macro_use]
 mod common;
 
 use std::io;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use coord_raft_store::storage::{StoreOptions, SyncHook};
+use coord_raft_store::storage::{RaftLogEngine, StoreOptions, SyncHook};
 use coord_raft_store::types::{Raft, Vote};
 use coord_raft_store::{Command, Op, Proposal, RequestId};
 use openraft::storage::RaftLogStorage;
@@ -93,14 +94,20 @@ fn put(seq: u64, key: &str) -> Proposal {
     )
 }
 
+fn gated(engine: RaftLogEngine, gate: &Arc<Gate>) -> StoreOptions {
+    StoreOptions {
+        log_engine: engine,
+        sync_hook: Some(gate.clone()),
+    }
+}
+
 async fn start_single(
+    engine: RaftLogEngine,
     dir: &std::path::Path,
     gate: &Arc<Gate>,
     init: bool,
 ) -> (Raft, coord_raft_store::storage::StateReader) {
-    let options = StoreOptions {
-        sync_hook: Some(gate.clone()),
-    };
+    let options = gated(engine, gate);
     let (log, sm) = common::open_store(dir, options);
     let reader = sm.reader();
     let config = Config {
@@ -130,11 +137,10 @@ fn has_key(reader: &coord_raft_store::storage::StateReader, key: &str) -> bool {
     reader.read(|a| a.state.kv.get(key).is_some())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_is_acknowledged_only_after_its_sync() {
+async fn a_write_is_acknowledged_only_after_its_sync(engine: RaftLogEngine) {
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = Arc::new(Gate::default());
-    let (raft, reader) = start_single(dir.path(), &gate, true).await;
+    let (raft, reader) = start_single(engine, dir.path(), &gate, true).await;
 
     gate.set(|s| s.closed = true);
     let writer = {
@@ -165,11 +171,10 @@ async fn a_write_is_acknowledged_only_after_its_sync() {
     raft.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_sync_is_never_acknowledged() {
+async fn a_failed_sync_is_never_acknowledged(engine: RaftLogEngine) {
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = Arc::new(Gate::default());
-    let (raft, reader) = start_single(dir.path(), &gate, true).await;
+    let (raft, reader) = start_single(engine, dir.path(), &gate, true).await;
 
     gate.set(|s| s.fail = true);
     let result =
@@ -186,14 +191,11 @@ async fn a_failed_sync_is_never_acknowledged() {
 /// openraft 0.9 waits for each append's flush before the next, so Raft-level grouping comes from
 /// the server packing many client writes into one entry; the flusher itself must still fold
 /// every writer queued behind a sync into the next one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_queued_behind_a_sync_share_the_next_one() {
+async fn writers_queued_behind_a_sync_share_the_next_one(engine: RaftLogEngine) {
     // Votes are the durable writes outside openraft's one-at-a-time append path.
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = Arc::new(Gate::default());
-    let options = StoreOptions {
-        sync_hook: Some(gate.clone()),
-    };
+    let options = gated(engine, &gate);
     let (log, _sm) = common::open_store(dir.path(), options);
     gate.set(|s| s.closed = true);
     let first = {
@@ -234,13 +236,10 @@ async fn writers_queued_behind_a_sync_share_the_next_one() {
         .is_some_and(|v| v.leader_id.term >= 2));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn save_vote_returns_only_when_durable() {
+async fn save_vote_returns_only_when_durable(engine: RaftLogEngine) {
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = Arc::new(Gate::default());
-    let options = StoreOptions {
-        sync_hook: Some(gate.clone()),
-    };
+    let options = gated(engine, &gate);
     let (log, _sm) = common::open_store(dir.path(), options.clone());
     gate.set(|s| s.closed = true);
     let vote = Vote::new(7, 3);
@@ -259,12 +258,11 @@ async fn save_vote_returns_only_when_durable() {
     assert_eq!(log.read_vote().await.expect("read_vote"), Some(vote));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn committed_writes_survive_a_restart() {
+async fn committed_writes_survive_a_restart(engine: RaftLogEngine) {
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = Arc::new(Gate::default());
     {
-        let (raft, _reader) = start_single(dir.path(), &gate, true).await;
+        let (raft, _reader) = start_single(engine, dir.path(), &gate, true).await;
         for i in 0..50u64 {
             raft.client_write(put(i + 1, &format!("r{i}")))
                 .await
@@ -272,7 +270,7 @@ async fn committed_writes_survive_a_restart() {
         }
         raft.shutdown().await.expect("shutdown");
     }
-    let (raft, reader) = start_single(dir.path(), &gate, false).await;
+    let (raft, reader) = start_single(engine, dir.path(), &gate, false).await;
     // Replay of the committed log rebuilds the in-memory state.
     raft.wait(Some(Duration::from_secs(20)))
         .applied_index_at_least(Some(51), "replayed")
@@ -286,3 +284,11 @@ async fn committed_writes_survive_a_restart() {
     }
     raft.shutdown().await.expect("shutdown");
 }
+
+for_each_engine_async!(
+    a_write_is_acknowledged_only_after_its_sync,
+    a_failed_sync_is_never_acknowledged,
+    writers_queued_behind_a_sync_share_the_next_one,
+    save_vote_returns_only_when_durable,
+    committed_writes_survive_a_restart,
+);

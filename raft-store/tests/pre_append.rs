@@ -1,10 +1,11 @@
 //! A follower's side of a leader's pre-append, through the log store's public surface.
 
+#[macro_use]
 mod common;
 
 use coord_raft_store::codec;
 use coord_raft_store::storage::pre_append::PreAppend;
-use coord_raft_store::storage::StoreOptions;
+use coord_raft_store::storage::{RaftLogEngine, StoreOptions};
 use coord_raft_store::types::{Entry, LogId, Vote};
 use openraft::storage::RaftLogStorage;
 use openraft::{CommittedLeaderId, EntryPayload, RaftLogReader};
@@ -24,10 +25,13 @@ fn encoded(term: u64, index: u64) -> (LogId, Vec<u8>) {
     )
 }
 
-#[tokio::test]
-async fn a_pre_append_is_written_durably_and_bad_ones_are_refused() {
+async fn a_pre_append_is_written_durably_and_bad_ones_are_refused(engine: RaftLogEngine) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut log, _sm) = common::open_store(dir.path(), StoreOptions::default());
+    let options = StoreOptions {
+        log_engine: engine,
+        ..StoreOptions::default()
+    };
+    let (mut log, _sm) = common::open_store(dir.path(), options.clone());
     let leader = Vote::new_committed(1, 1);
     log.save_vote(&leader).await.expect("vote");
 
@@ -77,8 +81,9 @@ async fn a_pre_append_is_written_durably_and_bad_ones_are_refused() {
     assert_eq!(count(&stats.pre_appends_written), 1);
     assert_eq!(count(&stats.pre_appends_passed), 1);
     drop(log);
+    drop(_sm);
 
-    let (mut log, _sm) = common::open_store(dir.path(), StoreOptions::default());
+    let (mut log, _sm) = common::open_store(dir.path(), options);
     assert_eq!(
         log.get_log_state().await.expect("state").last_log_id,
         Some(id(1, 1))
@@ -89,3 +94,5 @@ async fn a_pre_append_is_written_durably_and_bad_ones_are_refused() {
         vec![id(1, 0), id(1, 1)]
     );
 }
+
+for_each_engine_async!(a_pre_append_is_written_durably_and_bad_ones_are_refused);

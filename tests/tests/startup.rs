@@ -316,7 +316,11 @@ fn version_names_the_commit_and_help_the_environment_variables() {
         .output()
         .expect("coordinator --help");
     let help = String::from_utf8_lossy(&out.stdout);
-    for env in ["[env: COORD_QUOTA_BYTES=]", "[env: COORD_DATA_DIR=]", "[env: COORD_JOB=]"] {
+    for env in [
+        "[env: COORD_QUOTA_BYTES=]",
+        "[env: COORD_DATA_DIR=]",
+        "[env: COORD_JOB=]",
+    ] {
         assert!(help.contains(env), "{env} not in --help:\n{help}");
     }
 }

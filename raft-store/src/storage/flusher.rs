@@ -1,10 +1,11 @@
 //! Group commit: the one thread that makes log writes durable.
 //!
-//! Writers (see `wal`) write to the segment files and mark them unsynced; then they enqueue a job
-//! and go on. The thread takes every job queued so far, `fdatasync`s the files marked since the
-//! last sync once, and completes the jobs in FIFO order. Many appends thus share one sync, and
-//! because a sync covers every write made before it started, completion order equals submission
-//! order.
+//! Writers write to the log's engine (see `engine`: the segment files, or sled); then they enqueue
+//! a job and go on. The thread takes every job queued so far, has the engine sync everything
+//! written since the last sync once (`fdatasync` of the segments written; sled's flush and an
+//! `fdatasync` of its files), and completes the jobs in FIFO order. Many appends thus share one
+//! sync, and because a sync covers every write made before it started, completion order equals
+//! submission order.
 //!
 //! After a failed sync the flusher fails every later job as well: once `fsync` has reported an
 //! error, the kernel may have dropped the dirty pages, and a later "successful" sync would lie.
@@ -15,9 +16,7 @@
 //! pays for on every replica. The files are synced under one lock, so the two paths never
 //! overlap and completion order still equals submission order.
 
-use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::mpsc;
@@ -31,7 +30,7 @@ use tokio::sync::oneshot;
 use crate::stats::SyncStats;
 use crate::types::TypeConfig;
 
-use super::wal::Unsynced;
+use super::engine::LogSync;
 use super::witness::Witness;
 
 /// How far the log has got, as the flusher needs to know it to advance the witness.
@@ -217,11 +216,9 @@ fn run(rx: mpsc::Receiver<Job>, shared: &Shared, stats: &SyncStats) {
     }
 }
 
-/// The files a sync must reach, and what to tell the witness after.
+/// What a sync must reach (the engine's files), and what to tell the witness after.
 pub(crate) struct SyncTarget {
-    /// The log's directory, synced when a segment was created or deleted.
-    dir: PathBuf,
-    unsynced: Arc<Mutex<Unsynced>>,
+    files: Box<dyn LogSync>,
     hook: Option<Arc<dyn SyncHook>>,
     witness: Arc<Witness>,
     positions: Arc<LogPositions>,
@@ -229,15 +226,13 @@ pub(crate) struct SyncTarget {
 
 impl SyncTarget {
     pub(crate) fn new(
-        dir: &Path,
-        unsynced: Arc<Mutex<Unsynced>>,
+        files: Box<dyn LogSync>,
         hook: Option<Arc<dyn SyncHook>>,
         witness: Arc<Witness>,
         positions: Arc<LogPositions>,
     ) -> Self {
         Self {
-            dir: dir.to_path_buf(),
-            unsynced,
+            files,
             hook,
             witness,
             positions,
@@ -248,17 +243,10 @@ impl SyncTarget {
         if let Some(hook) = &self.hook {
             hook.before_sync()?;
         }
-        // Whatever was appended before this load is in a file taken below (writers mark the file
-        // unsynced before they publish the position), so it is durable once the syncs end.
+        // Whatever was appended before this load is written (writers write before they publish
+        // the position), so it is durable once the engine's sync ends.
         let appended = self.positions.appended.load(Acquire);
-        let Unsynced { files, dir } =
-            std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(PoisonError::into_inner));
-        for file in &files {
-            file.sync_data()?;
-        }
-        if dir {
-            File::open(&self.dir)?.sync_all()?;
-        }
+        self.files.sync()?;
         let committed = self.positions.committed.load(Acquire);
         self.witness.advance_committed(committed.min(appended))
     }

@@ -1,17 +1,17 @@
 //! The Raft log and vote: openraft's [`RaftLogStorage`], implemented here and nowhere else, over
-//! the segment files of [`super::wal`].
+//! a `LogEngine` (the segment files of [`super::wal`], or sled: see [`super::engine`]).
 //!
 //! Durability: `append` writes the entries (so they are readable when it returns) and hands the
 //! completion callback to the [`Flusher`], which calls it only after `fdatasync`. `save_vote`,
-//! `truncate` and `purge` wait for a sync before returning. All records go to one file at a time
-//! and a sync covers every write made before it, so writes reach disk in submission order.
+//! `truncate` and `purge` wait for a sync before returning. An engine's writes are made one at a
+//! time and a sync covers every write made before it, so writes reach disk in submission order.
 //!
 //! A leader's lone write also goes to followers before it is synced ([`super::pre_append`]); a
 //! follower's log may therefore hold entries its Raft core has not been told of yet, and `append`
 //! neither writes those again nor keeps them when different ones come at their indexes.
 
 use std::fmt::Debug;
-use std::ops::RangeBounds;
+use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -21,23 +21,24 @@ use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 
+use super::engine::LogEngine;
 use super::flusher::{Flusher, LogPositions};
 use super::pre_append::{PreAppend, PreAppendSink, MAX_PRE_APPEND_BYTES};
-use super::wal::Wal;
 use super::witness::Witness;
 
 /// Replication reads at most this many bytes of entries for one AppendEntries (but always at least
 /// one entry), so a burst of large values cannot build a gigantic message.
 const REPLICATION_BATCH_BYTES: usize = 8 << 20;
 
-/// The Raft log. Cloning is cheap; clones share the files and the flusher.
+/// The Raft log. Cloning is cheap; clones share the engine and the flusher.
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    wal: Wal,
+    /// Where the log is kept: one dynamic call a write or read, nothing else, on either engine.
+    log: Box<dyn LogEngine>,
     flusher: Flusher,
     witness: Arc<Witness>,
     positions: Arc<LogPositions>,
@@ -61,16 +62,16 @@ fn read_err((index, why): (u64, String)) -> StorageError {
 
 impl LogStore {
     pub(crate) fn new(
-        wal: Wal,
+        log: Box<dyn LogEngine>,
         flusher: Flusher,
         witness: Arc<Witness>,
         positions: Arc<LogPositions>,
     ) -> Self {
-        let last = wal.bounds().1.map_or(0, |l| l.index);
+        let last = log.bounds().1.map_or(0, |l| l.index);
         positions.appended.store(last, Ordering::Release);
         Self {
             inner: Arc::new(Inner {
-                wal,
+                log,
                 flusher,
                 witness,
                 positions,
@@ -106,7 +107,7 @@ impl LogStore {
         };
         let written = self
             .inner
-            .wal
+            .log
             .append_if(&msg.vote, msg.prev, &msg.entries)
             .map_err(|e| e.to_string())?;
         let stats = self.inner.flusher.stats();
@@ -139,16 +140,16 @@ impl LogStore {
 
     /// (last purged, last) log ids; `last` falls back to the purge point when the log is empty.
     pub(crate) fn log_bounds(&self) -> (Option<LogId>, Option<LogId>) {
-        self.inner.wal.bounds()
+        self.inner.log.bounds()
     }
 
     /// The id of the last entry in the log (written, synced or not): what a vote compares.
     pub fn last_log_id(&self) -> Option<LogId> {
-        self.inner.wal.bounds().1
+        self.inner.log.bounds().1
     }
 
     pub(crate) fn stored_vote(&self) -> Option<Vote> {
-        self.inner.wal.vote()
+        self.inner.log.vote()
     }
 }
 
@@ -159,7 +160,7 @@ impl LogStore {
         let (me, sink) = self.inner.pre_append.get()?;
         let vote = self.stored_vote()?;
         let ((first, _), (last, _)) = (entries.first()?, entries.last()?);
-        let prev = self.inner.wal.id_before(first.index);
+        let prev = self.inner.log.id_before(first.index);
         let bytes: usize = entries.iter().map(|(_, b)| b.len()).sum();
         let leads = bytes <= MAX_PRE_APPEND_BYTES
             && vote.is_committed()
@@ -183,7 +184,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        self.inner.wal.read(range, None).map_err(read_err)
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
+        self.inner.log.read(range, None).map_err(read_err)
     }
 
     async fn limited_get_log_entries(
@@ -192,8 +194,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
         self.inner
-            .wal
-            .read(start..end, Some(REPLICATION_BATCH_BYTES))
+            .log
+            .read(
+                (Bound::Included(start), Bound::Excluded(end)),
+                Some(REPLICATION_BATCH_BYTES),
+            )
             .map_err(read_err)
     }
 }
@@ -215,7 +220,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         let err = |e| storage_err(StorageIOError::write_vote, e);
-        self.inner.wal.save_vote(vote).map_err(err)?;
+        self.inner.log.save_vote(vote).map_err(err)?;
         self.inner.flusher.sync().await.map_err(err)?;
         let (witness, vote) = (self.inner.witness.clone(), *vote);
         tokio::task::spawn_blocking(move || witness.record_vote(&vote))
@@ -239,13 +244,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .fetch_max(c.index, Ordering::AcqRel);
         }
         self.inner
-            .wal
+            .log
             .save_committed(committed)
             .map_err(|e| storage_err(StorageIOError::write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.inner.wal.committed())
+        Ok(self.inner.log.committed())
     }
 
     async fn append<I>(
@@ -263,7 +268,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|entry| Ok((entry.log_id, codec::encode("log entry", &entry)?)))
             .collect::<Result<Vec<_>, codec::CodecError>>()
             .map_err(|e| storage_err(StorageIOError::write_logs, e))?;
-        let written = self.inner.wal.append(&encoded).map_err(err)?;
+        let written = self.inner.log.append(&encoded).map_err(err)?;
         let positions = &self.inner.positions;
         let mut lone = false;
         if let Some((last, _)) = encoded.last() {
@@ -303,18 +308,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .positions
             .appended
             .store(log_id.index.saturating_sub(1), Ordering::Release);
-        self.inner.wal.truncate(log_id.index).map_err(err)?;
+        self.inner.log.truncate(log_id.index).map_err(err)?;
         self.inner.flusher.sync().await.map_err(err)
     }
 
-    /// Records the new purge point, waits until it is durable, and only then deletes the segments
-    /// it made useless: a crash in between leaves only unreachable entries behind, never a hole
-    /// and never a purge point that went backwards.
+    /// Records the new purge point, waits until it is durable, and only then gives back the space
+    /// (the segments it made useless): a crash in between leaves only unreachable entries behind,
+    /// never a hole and never a purge point that went backwards.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let err = |e| storage_err(StorageIOError::write_logs, e);
-        self.inner.wal.purge(log_id).map_err(err)?;
+        self.inner.log.purge(log_id).map_err(err)?;
         self.inner.flusher.sync().await.map_err(err)?;
-        self.inner.wal.delete_purged_segments().map_err(err)?;
+        self.inner.log.reclaim_purged().map_err(err)?;
         Ok(())
     }
 }

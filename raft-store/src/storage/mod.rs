@@ -1,23 +1,29 @@
 //! The durable side of a replica: where the Raft log, the vote and the snapshots live.
 //!
-//! - [`segments`]: the log's file format; [`wal`]: its writer, reader and recovery, over the
-//!   in-memory index of `log_index`.
+//! - [`engine`]: what holds the log, as the log store sees it, and which engine a data
+//!   directory was made with ([`RaftLogEngine`], `--raft-log`).
+//! - [`segments`]: the default engine's file format; [`wal`]: its writer, reader and recovery,
+//!   over the in-memory index of `log_index`.
+//! - `sled_log`: the other engine, the log in a sled database.
 //! - [`flusher`]: group commit; the only place that syncs the log to disk.
-//! - [`log_store`]: openraft's `RaftLogStorage` over the [`wal`].
+//! - [`log_store`]: openraft's `RaftLogStorage` over either engine.
 //! - [`witness`]: what the log must at least contain, kept beside it to catch damage.
 //! - [`snapshot`]: the checksummed snapshot file; [`files`]: self-checking atomic files.
 //! - [`backup`]: backup files, and the base state a restored replica starts from.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over the in-memory [`crate::CoordState`].
 //!
-//! A data directory holds `raft/` (the log segments and `witness.bin`) and `snapshots/`.
+//! A data directory holds `raft/` (`log-engine`, the log segments or sled's `sled/`, and
+//! `witness.bin`) and `snapshots/`.
 
 pub mod backup;
+pub mod engine;
 pub mod files;
 pub mod flusher;
 mod log_index;
 pub mod log_store;
 pub mod pre_append;
 pub mod segments;
+mod sled_log;
 pub mod snapshot;
 pub mod state_machine;
 pub mod wal;
@@ -26,6 +32,7 @@ pub mod witness;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use engine::RaftLogEngine;
 pub use flusher::SyncHook;
 pub use log_store::LogStore;
 pub use snapshot::SnapshotError;
@@ -37,6 +44,8 @@ pub const SNAPSHOT_DIR: &str = "snapshots";
 /// How to open a replica's storage.
 #[derive(Clone, Default)]
 pub struct StoreOptions {
+    /// The engine of a new log; an existing log must have been made with it.
+    pub log_engine: RaftLogEngine,
     /// Called before every sync (tests, fault injection).
     pub sync_hook: Option<Arc<dyn SyncHook>>,
 }
@@ -55,6 +64,12 @@ pub enum OpenError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("the Raft log in {path} was made with the {recorded} engine, but this coordinator was started with --raft-log {requested}: start it with --raft-log {recorded} (a data directory keeps the log engine it was created with; coord does not convert one into the other)")]
+    OtherEngine {
+        path: PathBuf,
+        recorded: RaftLogEngine,
+        requested: RaftLogEngine,
     },
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
@@ -90,30 +105,31 @@ pub fn open(
         path: raft_dir.clone(),
         source,
     })?;
-    let (witness, witnessed) = witness::Witness::open(&raft_dir).map_err(damaged)?;
     if raft_dir.join("db").exists() && segments::list(&raft_dir).is_ok_and(|s| s.is_empty()) {
         return Err(damaged(
-            "it holds a Raft log in the sled format of an older coord, which this version no longer reads".into(),
+            "it holds a Raft log in the sled format of an older coord (raft/db), which this version does not read".into(),
         ));
     }
-    let (wal, recovered) = wal::Wal::open(&raft_dir).map_err(damaged)?;
-    if let Some((file, what)) = &recovered.torn_tail {
-        tracing::warn!(file = %file.display(), damage = %what, "cut a torn write off the end of the Raft log (a crash before it was synced)");
-    }
+    let requested = options.log_engine;
+    engine::settle(&raft_dir, requested).map_err(|refusal| match refusal {
+        engine::Refusal::Other(recorded) => OpenError::OtherEngine {
+            path: raft_dir.clone(),
+            recorded,
+            requested,
+        },
+        engine::Refusal::Damaged(reason) => damaged(reason),
+    })?;
+    let (witness, witnessed) = witness::Witness::open(&raft_dir).map_err(damaged)?;
+    let (log, files) = open_engine(&raft_dir, requested).map_err(damaged)?;
     let witness = Arc::new(witness);
     let positions = Arc::new(flusher::LogPositions::default());
-    let target = flusher::SyncTarget::new(
-        &raft_dir,
-        wal.unsynced(),
-        options.sync_hook,
-        witness.clone(),
-        positions.clone(),
-    );
+    let target =
+        flusher::SyncTarget::new(files, options.sync_hook, witness.clone(), positions.clone());
     let flusher = flusher::Flusher::start(target).map_err(|source| OpenError::Flusher {
         path: raft_dir.clone(),
         source,
     })?;
-    let log_store = LogStore::new(wal, flusher, witness, positions);
+    let log_store = LogStore::new(log, flusher, witness, positions);
     let snapshots = snapshot::SnapshotDir::open(&data_dir.join(SNAPSHOT_DIR))?;
     let state_machine = StateMachineStore::open(snapshots, listener)?;
     check_consistency(&log_store, &state_machine, witnessed.as_ref()).map_err(damaged)?;
@@ -129,6 +145,24 @@ pub fn open(
         state_machine,
         fresh,
     })
+}
+
+/// Opens the log in `raft_dir` with `engine`, and what syncs it.
+fn open_engine(raft_dir: &Path, engine: RaftLogEngine) -> Result<engine::OpenEngine, String> {
+    match engine {
+        RaftLogEngine::Segments => {
+            let (wal, recovered) = wal::Wal::open(raft_dir)?;
+            if let Some((file, what)) = &recovered.torn_tail {
+                tracing::warn!(file = %file.display(), damage = %what, "cut a torn write off the end of the Raft log (a crash before it was synced)");
+            }
+            let files = wal.syncer();
+            Ok((Box::new(wal), Box::new(files)))
+        }
+        RaftLogEngine::Sled => {
+            let (log, files) = sled_log::SledLog::open(&raft_dir.join(sled_log::DIR))?;
+            Ok((Box::new(log), Box::new(files)))
+        }
+    }
 }
 
 /// Refuses storage that lost something it once held: the log must agree with the witness, and a log

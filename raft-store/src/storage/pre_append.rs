@@ -12,7 +12,7 @@
 //! after they are durable, and the leader counts itself only after its own sync. A follower
 //! whose log holds pre-appended entries its Raft core has not seen yet is in the state of one
 //! that received the leader's AppendEntries but has not answered it; if another leader's entries
-//! come instead, they replace them (see `Wal::append`), as they would replace any uncommitted
+//! come instead, they replace them (see `LogEngine::append`), as they would replace any uncommitted
 //! entry.
 
 use serde::{Deserialize, Serialize};

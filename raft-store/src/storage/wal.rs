@@ -24,15 +24,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::codec;
 use crate::types::{Entry, LogId, Vote};
 
+use super::engine::{LogEngine, LogSync};
 use super::log_index::{Loc, Log, Segment};
 use super::segments::{self, Kind, ENTRY_HEAD, SEGMENT_BYTES};
 
 /// Files written since the last sync; the flusher takes and syncs them.
 #[derive(Default)]
-pub(crate) struct Unsynced {
-    pub files: Vec<Arc<File>>,
+struct Unsynced {
+    files: Vec<Arc<File>>,
     /// A segment was created or deleted: the directory itself must be synced.
-    pub dir: bool,
+    dir: bool,
 }
 
 impl Unsynced {
@@ -162,9 +163,12 @@ impl Wal {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What the flusher must sync.
-    pub(crate) fn unsynced(&self) -> Arc<Mutex<Unsynced>> {
-        self.unsynced.clone()
+    /// What the flusher syncs: the files this log marks unsynced.
+    pub(crate) fn syncer(&self) -> WalSync {
+        WalSync {
+            dir: self.dir.clone(),
+            unsynced: self.unsynced.clone(),
+        }
     }
 
     /// Creates segment `seq`, empty, and makes it the one written.
@@ -252,58 +256,6 @@ impl Wal {
         Ok(())
     }
 
-    /// Appends encoded entries (log id, bincode bytes), in index order. Leading entries the log
-    /// already holds with the same ids (written by [`Self::append_if`]) are not written again;
-    /// entries it holds at the indexes of the rest are replaced, as openraft, which did not know
-    /// of them, expects. Returns how many entries were written.
-    pub(crate) fn append(&self, entries: &[(LogId, Vec<u8>)]) -> io::Result<usize> {
-        let mut log = self.lock();
-        let held = entries
-            .iter()
-            .take_while(|(id, _)| log.entries.get(&id.index).map(|l| l.log_id) == Some(*id))
-            .count();
-        let entries = &entries[held..];
-        let Some((first, _)) = entries.first() else {
-            return Ok(0);
-        };
-        if log.last().is_some_and(|last| last.index >= first.index) {
-            let mut record = Vec::new();
-            segments::put_record(&mut record, Kind::Truncated, &[&first.index.to_le_bytes()]);
-            self.write(&mut log, &record)?;
-            log.truncate(first.index);
-        }
-        self.append_locked(&mut log, entries)?;
-        Ok(entries.len())
-    }
-
-    /// The id of the entry just before `index` (the purge point when that entry is purged).
-    pub(crate) fn id_before(&self, index: u64) -> Option<LogId> {
-        let i = index.checked_sub(1)?;
-        let log = self.lock();
-        log.entries
-            .get(&i)
-            .map(|l| l.log_id)
-            .or(log.purged.filter(|p| p.index == i))
-    }
-
-    /// Appends `entries` only if the log's vote is `vote`, a leader's, and the log ends at `prev`
-    /// (see `pre_append`): the entries then extend the log just as that leader's AppendEntries
-    /// would. Returns whether they were written.
-    pub(crate) fn append_if(
-        &self,
-        vote: &Vote,
-        prev: Option<LogId>,
-        entries: &[(LogId, Vec<u8>)],
-    ) -> io::Result<bool> {
-        let mut log = self.lock();
-        let last = log.last().max(log.purged);
-        if !vote.is_committed() || log.vote.as_ref() != Some(vote) || last != prev {
-            return Ok(false);
-        }
-        self.append_locked(&mut log, entries)?;
-        Ok(true)
-    }
-
     fn append_locked(&self, log: &mut Log, entries: &[(LogId, Vec<u8>)]) -> io::Result<()> {
         let mut records = Vec::with_capacity(
             entries
@@ -350,37 +302,6 @@ impl Wal {
         Ok(())
     }
 
-    pub(crate) fn save_vote(&self, vote: &Vote) -> io::Result<()> {
-        let bytes = codec::encode("vote", vote).map_err(io::Error::other)?;
-        self.write_record(Kind::Vote, &bytes, |log| log.vote = Some(*vote))
-    }
-
-    /// Notes the committed id. It is a hint for replay, so it costs no write of its own: the next
-    /// record written (an entry, most often) carries it. A replica that crashes before that replays
-    /// from an older hint, and the leader tells it the rest.
-    pub(crate) fn save_committed(&self, committed: Option<LogId>) -> io::Result<()> {
-        let mut log = self.lock();
-        if log.committed != committed {
-            log.committed = committed;
-            log.committed_unwritten = true;
-        }
-        Ok(())
-    }
-
-    /// Removes entries from `from` on.
-    pub(crate) fn truncate(&self, from: u64) -> io::Result<()> {
-        self.write_record(Kind::Truncated, &from.to_le_bytes(), |log| {
-            log.truncate(from)
-        })
-    }
-
-    /// Records the purge point and drops the entries up to it from the index. The segments
-    /// holding them stay until [`Self::delete_purged_segments`], which must wait for a sync.
-    pub(crate) fn purge(&self, to: LogId) -> io::Result<()> {
-        let bytes = codec::encode("purge point", &to).map_err(io::Error::other)?;
-        self.write_record(Kind::Purged, &bytes, |log| log.purge(to))
-    }
-
     /// Deletes the oldest segments whose entries are all purged. Call only once the purge record
     /// is durable: until then a crash would bring back a log that needs those entries.
     pub(crate) fn delete_purged_segments(&self) -> io::Result<usize> {
@@ -411,21 +332,6 @@ impl Wal {
                 .dir = true;
         }
         Ok(doomed.len())
-    }
-
-    pub(crate) fn vote(&self) -> Option<Vote> {
-        self.lock().vote
-    }
-
-    pub(crate) fn committed(&self) -> Option<LogId> {
-        self.lock().committed
-    }
-
-    /// (last purged, last) log ids; `last` falls back to the purge point when no entry is left.
-    pub(crate) fn bounds(&self) -> (Option<LogId>, Option<LogId>) {
-        let log = self.lock();
-        let last = log.last();
-        (log.purged, last.max(log.purged))
     }
 
     /// Number of segment files.
@@ -462,6 +368,141 @@ impl Wal {
             out
         };
         read_entries(&locs)
+    }
+}
+
+/// The segment log's durable half: `fdatasync` of the segments written since the last sync, and
+/// of the directory when a segment was created or deleted.
+pub(crate) struct WalSync {
+    dir: PathBuf,
+    unsynced: Arc<Mutex<Unsynced>>,
+}
+
+impl LogSync for WalSync {
+    fn sync(&mut self) -> io::Result<()> {
+        let Unsynced { files, dir } =
+            std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(PoisonError::into_inner));
+        for file in &files {
+            file.sync_data()?;
+        }
+        if dir {
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// The segment log as the log store sees it: each write takes the index's lock, appends its
+/// records to the newest segment and updates the index before it lets go.
+impl LogEngine for Wal {
+    /// Appends encoded entries (log id, bincode bytes), in index order. Leading entries the log
+    /// already holds with the same ids (written by [`Self::append_if`]) are not written again;
+    /// entries it holds at the indexes of the rest are replaced, as openraft, which did not know
+    /// of them, expects. Returns how many entries were written.
+    fn append(&self, entries: &[(LogId, Vec<u8>)]) -> io::Result<usize> {
+        let mut log = self.lock();
+        let held = entries
+            .iter()
+            .take_while(|(id, _)| log.entries.get(&id.index).map(|l| l.log_id) == Some(*id))
+            .count();
+        let entries = &entries[held..];
+        let Some((first, _)) = entries.first() else {
+            return Ok(0);
+        };
+        if log.last().is_some_and(|last| last.index >= first.index) {
+            let mut record = Vec::new();
+            segments::put_record(&mut record, Kind::Truncated, &[&first.index.to_le_bytes()]);
+            self.write(&mut log, &record)?;
+            log.truncate(first.index);
+        }
+        self.append_locked(&mut log, entries)?;
+        Ok(entries.len())
+    }
+
+    /// Appends `entries` only if the log's vote is `vote`, a leader's, and the log ends at `prev`
+    /// (see `pre_append`): the entries then extend the log just as that leader's AppendEntries
+    /// would. Returns whether they were written.
+    fn append_if(
+        &self,
+        vote: &Vote,
+        prev: Option<LogId>,
+        entries: &[(LogId, Vec<u8>)],
+    ) -> io::Result<bool> {
+        let mut log = self.lock();
+        let last = log.last().max(log.purged);
+        if !vote.is_committed() || log.vote.as_ref() != Some(vote) || last != prev {
+            return Ok(false);
+        }
+        self.append_locked(&mut log, entries)?;
+        Ok(true)
+    }
+
+    /// The id of the entry just before `index` (the purge point when that entry is purged).
+    fn id_before(&self, index: u64) -> Option<LogId> {
+        let i = index.checked_sub(1)?;
+        let log = self.lock();
+        log.entries
+            .get(&i)
+            .map(|l| l.log_id)
+            .or(log.purged.filter(|p| p.index == i))
+    }
+
+    fn save_vote(&self, vote: &Vote) -> io::Result<()> {
+        let bytes = codec::encode("vote", vote).map_err(io::Error::other)?;
+        self.write_record(Kind::Vote, &bytes, |log| log.vote = Some(*vote))
+    }
+
+    /// Notes the committed id. It is a hint for replay, so it costs no write of its own: the next
+    /// record written (an entry, most often) carries it. A replica that crashes before that replays
+    /// from an older hint, and the leader tells it the rest.
+    fn save_committed(&self, committed: Option<LogId>) -> io::Result<()> {
+        let mut log = self.lock();
+        if log.committed != committed {
+            log.committed = committed;
+            log.committed_unwritten = true;
+        }
+        Ok(())
+    }
+
+    /// Removes entries from `from` on.
+    fn truncate(&self, from: u64) -> io::Result<()> {
+        self.write_record(Kind::Truncated, &from.to_le_bytes(), |log| {
+            log.truncate(from)
+        })
+    }
+
+    /// Records the purge point and drops the entries up to it from the index. The segments
+    /// holding them stay until [`Self::delete_purged_segments`], which must wait for a sync.
+    fn purge(&self, to: LogId) -> io::Result<()> {
+        let bytes = codec::encode("purge point", &to).map_err(io::Error::other)?;
+        self.write_record(Kind::Purged, &bytes, |log| log.purge(to))
+    }
+
+    fn reclaim_purged(&self) -> io::Result<()> {
+        self.delete_purged_segments().map(drop)
+    }
+
+    fn vote(&self) -> Option<Vote> {
+        self.lock().vote
+    }
+
+    fn committed(&self) -> Option<LogId> {
+        self.lock().committed
+    }
+
+    /// (last purged, last) log ids; `last` falls back to the purge point when no entry is left.
+    fn bounds(&self) -> (Option<LogId>, Option<LogId>) {
+        let log = self.lock();
+        let last = log.last();
+        (log.purged, last.max(log.purged))
+    }
+
+    fn read(
+        &self,
+        range: (Bound<u64>, Bound<u64>),
+        byte_budget: Option<usize>,
+    ) -> Result<Vec<Entry>, (u64, String)> {
+        Wal::read(self, range, byte_budget)
     }
 }
 

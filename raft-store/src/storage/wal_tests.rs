@@ -1,5 +1,5 @@
-//! The log files on their own: what is written comes back after a reopen, segments roll over and
-//! are deleted once purged, a torn tail is cut, and damage anywhere else is refused.
+//! The segment files on their own (what every engine must do is in `engine_tests.rs`): segments
+//! roll over and are deleted once purged, a torn tail is cut, and damage anywhere else is refused.
 
 use super::*;
 use crate::storage::log_index::RECENT_ENTRIES;
@@ -43,60 +43,6 @@ fn segment_files(dir: &Path) -> Vec<PathBuf> {
         .into_iter()
         .map(|(_, p)| p)
         .collect()
-}
-
-#[test]
-fn everything_written_comes_back_after_a_reopen() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let wal = open(dir.path(), 1 << 20);
-        wal.append(&entries(1, 0..10)).expect("append");
-        wal.save_vote(&Vote::new(2, 1)).expect("vote");
-        wal.truncate(7).expect("truncate");
-        wal.append(&entries(2, 7..12)).expect("append");
-        wal.save_committed(Some(id(2, 9))).expect("committed");
-        wal.purge(id(1, 3)).expect("purge");
-        assert_eq!(wal.read(0..12, Some(1)).expect("read").len(), 1);
-    }
-    let wal = open(dir.path(), 1 << 20);
-    assert_eq!(wal.bounds(), (Some(id(1, 3)), Some(id(2, 11))));
-    let mut expected: Vec<(u64, u64)> = (4..7).map(|i| (i, 1)).collect();
-    expected.extend((7..12).map(|i| (i, 2)));
-    assert_eq!(contents(&wal), expected);
-    assert_eq!(wal.vote(), Some(Vote::new(2, 1)));
-    assert_eq!(wal.committed(), Some(id(2, 9)));
-    assert!(wal.read(0..4, None).expect("read").is_empty());
-
-    wal.append(&entries(2, 12..13))
-        .expect("append after reopen");
-    drop(wal);
-    assert_eq!(open(dir.path(), 1 << 20).bounds().1, Some(id(2, 12)));
-}
-
-/// A committed id is written with the next record, not on its own: a reopen before that record
-/// finds the hint written before it.
-#[test]
-fn the_committed_hint_rides_on_the_next_write() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let wal = open(dir.path(), 1 << 20);
-        wal.append(&entries(1, 0..5)).expect("append");
-        wal.save_committed(Some(id(1, 2))).expect("committed");
-        wal.append(&entries(1, 5..6)).expect("append");
-        wal.save_committed(Some(id(1, 4))).expect("committed");
-        assert_eq!(wal.committed(), Some(id(1, 4)), "known at once in memory");
-    }
-    let wal = open(dir.path(), 1 << 20);
-    assert_eq!(
-        wal.committed(),
-        Some(id(1, 2)),
-        "the later hint had no write to ride on"
-    );
-    assert_eq!(wal.bounds().1, Some(id(1, 5)));
-    wal.save_committed(Some(id(1, 4))).expect("committed");
-    wal.save_vote(&Vote::new(2, 1)).expect("vote");
-    drop(wal);
-    assert_eq!(open(dir.path(), 1 << 20).committed(), Some(id(1, 4)));
 }
 
 #[test]
@@ -397,97 +343,4 @@ fn recent_entries_are_served_from_memory_and_truncation_is_respected() {
         .collect();
     let want: Vec<(u64, u64)> = (85..95).map(|i| (i, if i < 90 { 1 } else { 2 })).collect();
     assert_eq!(got, want);
-}
-
-/// A pre-append (`append_if`) writes only when the log's vote is the sender's, a leader's, and
-/// the log ends where the entries begin; otherwise nothing changes.
-#[test]
-fn a_pre_append_extends_the_log_only_as_the_leaders_append_would() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wal = open(dir.path(), 1 << 20);
-    wal.append(&entries(1, 1..4)).expect("append");
-    let leader = Vote::new_committed(1, 1);
-    wal.save_vote(&leader).expect("vote");
-
-    let refused = [
-        (Vote::new(1, 1), Some(id(1, 3)), "a vote not yet a leader's"),
-        (
-            Vote::new_committed(2, 2),
-            Some(id(1, 3)),
-            "another leader's vote",
-        ),
-        (
-            leader,
-            Some(id(1, 2)),
-            "entries that do not start at the log's end",
-        ),
-        (leader, Some(id(2, 3)), "a previous entry of another term"),
-    ];
-    for (vote, prev, what) in refused {
-        let written = wal
-            .append_if(&vote, prev, &entries(1, 4..5))
-            .expect("append_if");
-        assert!(!written, "{what} was written");
-        assert_eq!(wal.bounds().1, Some(id(1, 3)), "{what} changed the log");
-    }
-
-    assert!(wal
-        .append_if(&leader, Some(id(1, 3)), &entries(1, 4..6))
-        .expect("append_if"));
-    assert_eq!(wal.bounds().1, Some(id(1, 5)));
-    drop(wal);
-    let wal = open(dir.path(), 1 << 20);
-    assert_eq!(contents(&wal), (1..6).map(|i| (i, 1)).collect::<Vec<_>>());
-}
-
-/// openraft, which does not know of pre-appended entries, appends them again: the ones held
-/// already are not written twice, and different ones at their indexes replace them.
-#[test]
-fn an_append_skips_entries_held_and_replaces_others() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wal = open(dir.path(), 1 << 20);
-    wal.append(&entries(1, 1..4)).expect("append");
-    wal.save_vote(&Vote::new_committed(1, 1)).expect("vote");
-    assert!(wal
-        .append_if(
-            &Vote::new_committed(1, 1),
-            Some(id(1, 3)),
-            &entries(1, 4..6)
-        )
-        .expect("append_if"));
-
-    assert_eq!(
-        wal.append(&entries(1, 4..6)).expect("append"),
-        0,
-        "all held"
-    );
-    assert_eq!(wal.append(&entries(1, 5..7)).expect("append"), 1, "one new");
-    assert_eq!(contents(&wal), (1..7).map(|i| (i, 1)).collect::<Vec<_>>());
-
-    // A new leader's entries from index 5 on replace the old term's 5 and 6.
-    assert_eq!(wal.append(&entries(2, 5..6)).expect("append"), 1);
-    let expected = vec![(1, 1), (2, 1), (3, 1), (4, 1), (5, 2)];
-    assert_eq!(contents(&wal), expected);
-    drop(wal);
-    let wal = open(dir.path(), 1 << 20);
-    assert_eq!(contents(&wal), expected, "the same after a reopen");
-    assert_eq!(wal.bounds().1, Some(id(2, 5)));
-}
-
-/// The id a pre-append names as its entries' predecessor: the entry before, or the purge point.
-#[test]
-fn the_id_before_an_index_is_the_entry_or_the_purge_point() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wal = open(dir.path(), 1 << 20);
-    assert_eq!(wal.id_before(0), None);
-    wal.append(&entries(1, 0..4)).expect("append");
-    assert_eq!(wal.id_before(3), Some(id(1, 2)));
-    assert_eq!(wal.id_before(4), Some(id(1, 3)));
-    wal.purge(id(1, 3)).expect("purge");
-    assert_eq!(wal.id_before(4), Some(id(1, 3)), "the purge point");
-    assert_eq!(wal.id_before(3), None, "purged and not the purge point");
-    // A replaced entry is not the predecessor any more.
-    wal.append(&entries(2, 4..6)).expect("append");
-    wal.append(&entries(3, 5..6)).expect("append");
-    assert_eq!(wal.id_before(6), Some(id(3, 5)));
 }

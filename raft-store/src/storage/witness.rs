@@ -25,7 +25,7 @@ use super::files;
 
 const MAGIC: &[u8; 8] = b"COORDWIT";
 const FORMAT_VERSION: u32 = 1;
-const FILE_NAME: &str = "witness.bin";
+pub(crate) const FILE_NAME: &str = "witness.bin";
 /// How often, at most, the committed index is written down.
 pub const COMMIT_WITNESS_INTERVAL: Duration = Duration::from_secs(1);
 

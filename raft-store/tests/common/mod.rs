@@ -1,6 +1,42 @@
-//! Shared pieces of the raft-store tests: a store in a temp dir, and a network for one-node Rafts.
+//! Shared pieces of the raft-store tests: a store in a temp dir, a network for one-node Rafts,
+//! and the macros that run a test once per log engine.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
+
+/// One `#[test]` per log engine for each `fn name(engine: RaftLogEngine)` named, in modules
+/// `segments` and `sled`.
+macro_rules! for_each_engine {
+    ($($test:ident),* $(,)?) => {
+        mod segments {
+            $(#[test] fn $test() { super::$test(coord_raft_store::storage::RaftLogEngine::Segments) })*
+        }
+        mod sled {
+            $(#[test] fn $test() { super::$test(coord_raft_store::storage::RaftLogEngine::Sled) })*
+        }
+    };
+}
+
+/// [`for_each_engine`] for `async fn name(engine: RaftLogEngine)`, each on a two-thread runtime.
+macro_rules! for_each_engine_async {
+    ($($test:ident),* $(,)?) => {
+        mod segments {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(coord_raft_store::storage::RaftLogEngine::Segments).await
+                }
+            )*
+        }
+        mod sled {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(coord_raft_store::storage::RaftLogEngine::Sled).await
+                }
+            )*
+        }
+    };
+}
 
 use std::sync::Arc;
 

@@ -61,6 +61,13 @@ pub struct Args {
     #[arg(long, env = "COORD_DATA_DIR")]
     pub data_dir: PathBuf,
 
+    /// The engine of the Raft log: `segments` (coord's own segment files) or `sled` (a sled
+    /// database, flushed and then fdatasync'ed on every group commit). segments is the default:
+    /// it measured faster per write and at start (docs/design.md, "Why not sled"). A data
+    /// directory keeps the engine it was created with; starting it with the other is refused.
+    #[arg(long, value_enum, default_value_t = RaftLogArg::Segments, env = "COORD_RAFT_LOG")]
+    pub raft_log: RaftLogArg,
+
     /// Distinguishes ensembles started with the same --initial-cluster: replicas refuse data
     /// directories and Raft traffic of another token.
     #[arg(long, default_value = "coord", env = "COORD_CLUSTER_TOKEN")]
@@ -274,6 +281,22 @@ pub struct Args {
 pub enum ClientAuthArg {
     Optional,
     Require,
+}
+
+/// `--raft-log`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RaftLogArg {
+    Segments,
+    Sled,
+}
+
+impl From<RaftLogArg> for coord_raft_store::storage::RaftLogEngine {
+    fn from(arg: RaftLogArg) -> Self {
+        match arg {
+            RaftLogArg::Segments => Self::Segments,
+            RaftLogArg::Sled => Self::Sled,
+        }
+    }
 }
 
 /// `--initial-cluster`: replica id → address.
@@ -495,6 +518,7 @@ mod tests {
         std::env::set_var("COORD_JOB", "worker=4,ps=2");
         std::env::set_var("COORD_NO_PRE_APPEND", "true");
         std::env::set_var("COORD_HEARTBEAT_MS", "70");
+        std::env::set_var("COORD_RAFT_LOG", "sled");
         let base = [
             "coordinator",
             "--id",
@@ -516,6 +540,7 @@ mod tests {
             "COORD_JOB",
             "COORD_NO_PRE_APPEND",
             "COORD_HEARTBEAT_MS",
+            "COORD_RAFT_LOG",
         ] {
             std::env::remove_var(var);
         }
@@ -526,6 +551,7 @@ mod tests {
             vec![("worker".to_string(), 4), ("ps".to_string(), 2)]
         );
         assert!(args.no_pre_append);
+        assert_eq!(args.raft_log, RaftLogArg::Sled);
         assert_eq!(args.heartbeat_ms, 60, "the command line wins");
     }
 

@@ -106,7 +106,11 @@ impl Replica {
         };
         let cluster_id = identity::cluster_id(&args, restored_from);
         let hub = ApplyHub::new(args.max_parked_calls);
-        let opened = storage::open(&args.data_dir, StoreOptions::default(), hub.clone())?;
+        let options = StoreOptions {
+            log_engine: args.raft_log.into(),
+            ..StoreOptions::default()
+        };
+        let opened = storage::open(&args.data_dir, options, hub.clone())?;
         let (log, sm) = (opened.log, opened.state_machine);
         let journal_log = log.clone();
         let dir = args.data_dir.display().to_string();
