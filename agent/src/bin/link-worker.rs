@@ -10,6 +10,12 @@
 //! - `PEER_DEAD <task> <ms since the start> <reason>` when a watched peer is declared dead;
 //! - `RECV_ERROR <ms since the start> <error>` when a receive fails (then exit status 3);
 //! - `DONE {json}` with counts, rates, latency percentiles and the resident set size.
+//!
+//! `--raw-pingpong serve|client` is the anchor `coord-bench rendezvous` measures the links against:
+//! no runtime, no coordinator, one blocking loopback TCP connection with `TCP_NODELAY`, on which the
+//! client writes `--bytes` bytes and the server writes them back. The server prints `LINK
+//! <address>`; the client (`--connect <address>`) prints `DONE {json}` with the round trip's
+//! percentiles over `--steps` steps after `--warmup` untimed ones, or `RECV_ERROR <error>`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +26,6 @@ use coord_agent::rendezvous::link::{self, LinkService, Links};
 use coord_agent::rendezvous::peers::{job_tasks, OnPeer, PeerEvent, PeerMonitor, PeerOptions};
 use coord_agent::rendezvous::{DType, ParsedKey, RendezvousMgr, Tensor, WorkerSession};
 use coord_agent::{Agent, AgentConfig, AgentState, CoordClient};
-use tonic::transport::server::TcpIncoming;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Role {
@@ -35,7 +40,7 @@ struct Cli {
     /// Every coordinator replica, comma-separated.
     #[arg(long, value_delimiter = ',')]
     coordinators: Vec<String>,
-    /// TLS toward the ensemble (the worker links stay plain gRPC).
+    /// TLS toward the ensemble (the worker links stay plain: gRPC and the direct link).
     #[command(flatten)]
     tls: coord_agent::tls::TlsArgs,
     /// The job this worker's task belongs to.
@@ -76,6 +81,22 @@ struct Cli {
     /// Producer: steps sent ahead of the consumer at most.
     #[arg(long, default_value_t = 16)]
     window: i64,
+    /// Instead of the rendezvous, a raw TCP ping-pong of `--bytes`-byte messages (the benchmark's
+    /// anchor): `serve` echoes on `--listen`, `client` times `--steps` round trips to `--connect`.
+    #[arg(long, value_enum)]
+    raw_pingpong: Option<PingPong>,
+    /// `--raw-pingpong client`: the server's address.
+    #[arg(long, default_value = "")]
+    connect: String,
+    /// `--raw-pingpong client`: untimed round trips first (connection and caches warm).
+    #[arg(long, default_value_t = 1000)]
+    warmup: i64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PingPong {
+    Serve,
+    Client,
 }
 
 fn task(job: &str, id: u32) -> String {
@@ -120,6 +141,9 @@ fn main() {
         )
         .init();
     let cli = Cli::parse();
+    if let Some(side) = cli.raw_pingpong {
+        std::process::exit(raw_pingpong(&cli, side));
+    }
     let runtime = if cli.single_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -167,14 +191,9 @@ async fn run(cli: Cli) -> Result<i32, String> {
         .local_addr()
         .map_err(|e| e.to_string())?
         .to_string();
-    let service = LinkService::new(mgr.clone(), &me, rand::random::<u64>() | 1).into_server();
+    let service = LinkService::new(mgr.clone(), &me, rand::random::<u64>() | 1);
     tokio::spawn(async move {
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        if let Err(e) = LinkService::server_builder()
-            .add_service(service)
-            .serve_with_incoming(incoming)
-            .await
-        {
+        if let Err(e) = service.serve(listener).await {
             eprintln!("link-worker: serving the link: {e}");
         }
     });
@@ -367,11 +386,7 @@ async fn consume(
     }
     let secs = transfer_started.elapsed().as_secs_f64();
     latencies.sort();
-    let pct = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
-            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
-    };
+    let pct = |p: f64| percentile_us(&latencies, p);
     let total = cli.steps as f64 * cli.tensors as f64 * cli.bytes as f64;
     println!(
         "DONE {{\"steps\":{},\"tensors\":{},\"seconds\":{secs:.6},\"bytes_per_second\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1},\"live_steps\":{},\"rss_bytes_at_10pct\":{rss_at_10pct},\"rss_bytes\":{}}}",
@@ -385,4 +400,85 @@ async fn consume(
         rss_bytes()
     );
     Ok(0)
+}
+
+/// `--raw-pingpong`: plain blocking sockets, so that the anchor measures the kernel's loopback and
+/// two processes waking each other, and nothing of this crate's.
+fn raw_pingpong(cli: &Cli, side: PingPong) -> i32 {
+    let result = match side {
+        PingPong::Serve => pingpong_serve(cli),
+        PingPong::Client => pingpong_client(cli),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("RECV_ERROR {e}");
+            3
+        }
+    }
+}
+
+/// Echoes `--bytes`-byte messages on the first connection until the client closes it.
+fn pingpong_serve(cli: &Cli) -> Result<(), String> {
+    use std::io::{ErrorKind, Read, Write};
+    let listener = std::net::TcpListener::bind(&cli.listen)
+        .map_err(|e| format!("bind {}: {e}", cli.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("LINK {address}");
+    let (mut socket, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+    socket.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut message = vec![0u8; cli.bytes];
+    loop {
+        match socket.read_exact(&mut message) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+        socket
+            .write_all(&message)
+            .map_err(|e| format!("write: {e}"))?;
+    }
+}
+
+/// Times `--steps` round trips after `--warmup`, checking that every echo is the message sent.
+fn pingpong_client(cli: &Cli) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let mut socket = std::net::TcpStream::connect(&cli.connect)
+        .map_err(|e| format!("connect {}: {e}", cli.connect))?;
+    socket.set_nodelay(true).map_err(|e| e.to_string())?;
+    let sent = payload(1, 0, cli.bytes);
+    let mut echo = vec![0u8; cli.bytes];
+    let mut latencies = Vec::with_capacity(cli.steps.max(0) as usize);
+    let started = Instant::now();
+    for i in 0..cli.warmup.max(0) + cli.steps.max(0) {
+        let asked = Instant::now();
+        socket.write_all(&sent).map_err(|e| format!("write: {e}"))?;
+        socket
+            .read_exact(&mut echo)
+            .map_err(|e| format!("read: {e}"))?;
+        let took = asked.elapsed();
+        if echo != sent {
+            return Err(format!("round trip {i} came back with other bytes"));
+        }
+        if i >= cli.warmup {
+            latencies.push(took);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort();
+    println!(
+        "DONE {{\"steps\":{},\"seconds\":{secs:.6},\"p50_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1}}}",
+        latencies.len(),
+        percentile_us(&latencies, 0.5),
+        percentile_us(&latencies, 0.99),
+        percentile_us(&latencies, 1.0),
+    );
+    Ok(())
+}
+
+/// The `p` quantile of sorted `latencies`, in microseconds (0 when there are none).
+fn percentile_us(latencies: &[Duration], p: f64) -> f64 {
+    latencies
+        .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }

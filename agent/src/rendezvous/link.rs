@@ -1,31 +1,39 @@
-//! The worker link: the gRPC service a worker runs for its peers, and [`Links`], its client side.
+//! The worker link: the service a worker runs for its peers, and [`Links`], its client side.
 //!
-//! A receiver pulls: `RecvTensor` waits on the producer until the tensor is sent, then streams a
-//! header and the bytes in [`CHUNK_BYTES`] chunks (slices of the producer's buffer). No message
-//! is ever larger than a chunk, so a tensor has no size ceiling (gRPC's is 4 GiB a message,
-//! tonic's default 4 MiB); message limits and HTTP/2 windows are set for this traffic rather than
-//! left at tonic's defaults (4 MiB messages, 64 KiB windows).
+//! A receiver pulls: `RecvTensor` waits on the producer until the tensor is sent, then sends a
+//! header and the bytes. [`LinkService::serve`] answers on one port in two ways: over the
+//! [`direct`](super::direct) link (plain framed TCP), which [`Links`] use first because a small
+//! tensor's round trip is several times shorter there, and over gRPC, for peers that do not speak
+//! the direct link, and for the peer heartbeats.
+//!
+//! Over gRPC the bytes stream in [`CHUNK_BYTES`] chunks (slices of the producer's buffer). No
+//! message is ever larger than a chunk, so a tensor has no size ceiling (gRPC's is 4 GiB a
+//! message, tonic's default 4 MiB); message limits and HTTP/2 windows are set for this traffic
+//! rather than left at tonic's defaults (4 MiB messages, 64 KiB windows).
 //!
 //! Workers find each other in the coordination key-value store: each publishes its link address
 //! under `coord/links/<task>` ([`publish`]); [`Links::with_kv`] looks them up.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
 use coord_proto::coord::link::worker_link_client::WorkerLinkClient;
 use coord_proto::coord::link::worker_link_server::{WorkerLink, WorkerLinkServer};
 use coord_proto::coord::link::{
     PeerHeartbeatRequest, PeerHeartbeatResponse, RecvTensorRequest, TensorChunk, TensorHeader,
 };
 use futures::Stream;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use super::buffers::BufferPool;
+use super::direct::{self, CallError};
 use super::{DType, ParsedKey, Received, RendezvousError, RendezvousMgr, Tensor};
 use crate::client::CoordClient;
 
@@ -94,6 +102,35 @@ impl LinkService {
             .max_frame_size(Some(MAX_FRAME))
             .tcp_nodelay(true)
     }
+
+    /// Serves this link on `listener` until the gRPC server fails: a connection that begins with
+    /// the direct link's preface is served by a task of its own, every other one by gRPC.
+    pub async fn serve(self, listener: TcpListener) -> Result<(), tonic::transport::Error> {
+        let (grpc_tx, grpc_rx) = mpsc::channel::<io::Result<TcpStream>>(64);
+        tokio::spawn(direct::accept(listener, self.clone(), grpc_tx));
+        let incoming =
+            futures::stream::unfold(
+                grpc_rx,
+                |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
+            );
+        Self::server_builder()
+            .add_service(self.into_server())
+            .serve_with_incoming(incoming)
+            .await
+    }
+
+    /// The tensor `request` asks for, once sent (both transports' handler).
+    pub(super) async fn take(&self, request: RecvTensorRequest) -> Result<Received, Status> {
+        let key = ParsedKey::parse(&request.key).map_err(Status::invalid_argument)?;
+        let producer = key.src.task_name();
+        if producer != self.task {
+            return Err(Status::invalid_argument(format!(
+                "key {key} is produced by {producer}, but this link is {}",
+                self.task
+            )));
+        }
+        Ok(self.mgr.recv_local(request.step_id, &key).await?)
+    }
 }
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
@@ -126,16 +163,7 @@ impl WorkerLink for LinkService {
         &self,
         request: Request<RecvTensorRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
-        let r = request.into_inner();
-        let key = ParsedKey::parse(&r.key).map_err(Status::invalid_argument)?;
-        let producer = key.src.task_name();
-        if producer != self.task {
-            return Err(Status::invalid_argument(format!(
-                "key {key} is produced by {producer}, but this link is {}",
-                self.task
-            )));
-        }
-        let received = self.mgr.recv_local(r.step_id, &key).await?;
+        let received = self.take(request.into_inner()).await?;
         Ok(Response::new(Box::pin(futures::stream::iter(chunks(
             received,
         )))))
@@ -153,26 +181,21 @@ impl WorkerLink for LinkService {
 }
 
 /// The most a receiver allocates for a tensor before its bytes arrive.
-const MAX_PREALLOCATED: usize = 1 << 30;
+pub(super) const MAX_PREALLOCATED: usize = 1 << 30;
 
-/// An empty buffer for `capacity` bytes. A large one is advised to the kernel as a candidate for
-/// transparent huge pages: filling 64 MiB then takes a few dozen page faults instead of 16,384.
-fn tensor_buffer(capacity: usize) -> Vec<u8> {
-    let mut v = Vec::<u8>::with_capacity(capacity);
-    #[cfg(target_os = "linux")]
-    if capacity >= 4 << 20 {
-        const PAGE: usize = 4096;
-        let start = v.as_mut_ptr() as usize;
-        let aligned = start.next_multiple_of(PAGE);
-        let len = (start + capacity).saturating_sub(aligned) / PAGE * PAGE;
-        // SAFETY: madvise only advises on pages inside this Vec's own allocation (the range is
-        // rounded inward to page boundaries); it changes neither contents nor mappings. Failure
-        // (e.g. no THP in this kernel) is harmless and ignored.
-        unsafe {
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
+/// The dtype and byte count `header` announces, if they agree with its shape.
+pub(super) fn check_header(header: &TensorHeader) -> Result<(DType, u64), Status> {
+    let dtype = DType::from_name(&header.dtype)
+        .ok_or_else(|| Status::invalid_argument(format!("unknown dtype {:?}", header.dtype)))?;
+    let expected =
+        super::tensor::byte_len(dtype, &header.shape).map_err(Status::invalid_argument)?;
+    if expected != header.total_bytes {
+        return Err(Status::data_loss(format!(
+            "the header announces {} bytes for shape {:?}, which holds {expected}",
+            header.total_bytes, header.shape
+        )));
     }
-    v
+    Ok((dtype, expected))
 }
 
 /// Finds a task's link address.
@@ -190,8 +213,24 @@ pub struct Links {
 
 struct LinksInner {
     directory: Directory,
-    clients: Mutex<HashMap<String, WorkerLinkClient<Channel>>>,
+    peers: Mutex<HashMap<String, Peer>>,
+    /// Received tensors' large buffers, reused.
+    buffers: Arc<BufferPool>,
     dead: watch::Sender<HashMap<String, RendezvousError>>,
+}
+
+/// At most this many idle direct connections are kept per peer (as many as receives a step
+/// usually has outstanding from one peer; more are opened when needed and closed after).
+const IDLE_PER_PEER: usize = 8;
+
+/// What a worker knows of one peer's link.
+struct Peer {
+    address: String,
+    grpc: WorkerLinkClient<Channel>,
+    /// Direct connections not in use.
+    idle: Vec<direct::Conn>,
+    /// Cleared when the peer turns out to serve gRPC only: its receives then go over gRPC.
+    direct: bool,
 }
 
 impl Links {
@@ -199,7 +238,8 @@ impl Links {
         Self {
             inner: Arc::new(LinksInner {
                 directory,
-                clients: Mutex::default(),
+                peers: Mutex::default(),
+                buffers: Arc::default(),
                 dead: watch::Sender::new(HashMap::new()),
             }),
         }
@@ -225,10 +265,10 @@ impl Links {
         }))
     }
 
-    /// The client of `task`'s link, resolving its address on first use.
-    async fn client(&self, task: &str) -> Result<WorkerLinkClient<Channel>, RendezvousError> {
-        if let Some(c) = self.lock_clients().get(task) {
-            return Ok(c.clone());
+    /// The address of `task`'s link, resolving it on first use (and making its gRPC client).
+    async fn address(&self, task: &str) -> Result<String, RendezvousError> {
+        if let Some(p) = self.lock_peers().get(task) {
+            return Ok(p.address.clone());
         }
         let address = (self.inner.directory)(task.to_string()).await?;
         let channel = Endpoint::from_shared(format!("http://{address}"))
@@ -241,23 +281,44 @@ impl Links {
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(MAX_FRAME))
             .connect_lazy();
-        let client = WorkerLinkClient::new(channel)
+        let grpc = WorkerLinkClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
-        self.lock_clients().insert(task.to_string(), client.clone());
-        Ok(client)
+        let peer = Peer {
+            address: address.clone(),
+            grpc,
+            idle: Vec::new(),
+            direct: true,
+        };
+        // A concurrent first use may have got there first: keep one entry.
+        let mut peers = self.lock_peers();
+        Ok(peers
+            .entry(task.to_string())
+            .or_insert(peer)
+            .address
+            .clone())
     }
 
-    fn lock_clients(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, WorkerLinkClient<Channel>>> {
+    /// The gRPC client of `task`'s link.
+    async fn client(&self, task: &str) -> Result<WorkerLinkClient<Channel>, RendezvousError> {
+        loop {
+            self.address(task).await?;
+            // Forgotten in between (a failed call to it): resolve again.
+            if let Some(p) = self.lock_peers().get(task) {
+                return Ok(p.grpc.clone());
+            }
+        }
+    }
+
+    fn lock_peers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Peer>> {
         self.inner
-            .clients
+            .peers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Pulls tensor `key` of `step_id` from its producer `task`.
+    /// Pulls tensor `key` of `step_id` from its producer `task`: over a direct link, or over gRPC
+    /// when `task` does not speak it.
     pub async fn fetch(
         &self,
         task: &str,
@@ -265,53 +326,114 @@ impl Links {
         key: &ParsedKey,
         receiver: &str,
     ) -> Result<Received, RendezvousError> {
-        let mut client = self.client(task).await?;
+        let request = RecvTensorRequest {
+            step_id,
+            key: key.as_str().to_string(),
+            receiver: receiver.to_string(),
+        };
         let failed = |s: Status| {
             RendezvousError::new(
                 s.code(),
                 format!("receiving {key} from {task}: {}", s.message()),
             )
         };
+        let address = self.address(task).await?;
+        if let Some(conn) = self.direct_conn(task, &address).await {
+            match self.fetch_direct(task, &address, conn, &request).await {
+                Ok(received) => return Ok(received),
+                Err(CallError::NotSpoken) => self.grpc_only(task, &address),
+                Err(CallError::Status(s) | CallError::Malformed(s)) => return Err(failed(s)),
+                Err(CallError::Io(e)) => {
+                    // Nobody at the address any more, or a broken connection: as gRPC's
+                    // UNAVAILABLE, look the address up again next time.
+                    self.forget(task);
+                    return Err(failed(Status::unavailable(e.to_string())));
+                }
+            }
+        }
+        self.fetch_grpc(task, request).await.map_err(failed)
+    }
+
+    /// An idle direct connection to `task`, or a new one; `None` when `task` serves gRPC only.
+    async fn direct_conn(&self, task: &str, address: &str) -> Option<io::Result<direct::Conn>> {
+        {
+            let mut peers = self.lock_peers();
+            let peer = peers.get_mut(task).filter(|p| p.address == address)?;
+            if !peer.direct {
+                return None;
+            }
+            if let Some(conn) = peer.idle.pop() {
+                return Some(Ok(conn));
+            }
+        }
+        Some(direct::Conn::connect(address).await)
+    }
+
+    /// One call on `conn`, which goes back to the pool if the call left it usable.
+    async fn fetch_direct(
+        &self,
+        task: &str,
+        address: &str,
+        conn: io::Result<direct::Conn>,
+        request: &RecvTensorRequest,
+    ) -> Result<Received, CallError> {
+        let mut conn = conn?;
+        let received = conn.call(request, &self.inner.buffers).await;
+        if received.is_ok() || matches!(received, Err(CallError::Status(_))) {
+            let mut peers = self.lock_peers();
+            if let Some(p) = peers.get_mut(task).filter(|p| p.address == address) {
+                if p.idle.len() < IDLE_PER_PEER {
+                    p.idle.push(conn);
+                }
+            }
+        }
+        received
+    }
+
+    /// Idle direct connections to `task`, or `None` when its receives go over gRPC (for tests).
+    #[cfg(test)]
+    pub(super) fn idle_direct(&self, task: &str) -> Option<usize> {
+        self.lock_peers()
+            .get(task)
+            .filter(|p| p.direct)
+            .map(|p| p.idle.len())
+    }
+
+    /// `task`, at `address`, turned out to serve gRPC only.
+    fn grpc_only(&self, task: &str, address: &str) {
+        if let Some(p) = self
+            .lock_peers()
+            .get_mut(task)
+            .filter(|p| p.address == address)
+        {
+            tracing::debug!(%task, %address, "the peer serves gRPC only");
+            p.direct = false;
+            p.idle.clear();
+        }
+    }
+
+    /// [`Self::fetch`] over gRPC: the header in the first chunk, the data in chunks after it.
+    async fn fetch_grpc(&self, task: &str, request: RecvTensorRequest) -> Result<Received, Status> {
+        let mut client = self.client(task).await?;
         let mut stream = client
-            .recv_tensor(RecvTensorRequest {
-                step_id,
-                key: key.as_str().to_string(),
-                receiver: receiver.to_string(),
-            })
+            .recv_tensor(request)
             .await
-            .map_err(|s| {
-                self.forget_if_gone(task, &s);
-                failed(s)
-            })?
+            .inspect_err(|s| self.forget_if_gone(task, s))?
             .into_inner();
         let first = stream
             .message()
-            .await
-            .map_err(failed)?
-            .ok_or_else(|| failed(Status::data_loss("the stream ended before the header")))?;
+            .await?
+            .ok_or_else(|| Status::data_loss("the stream ended before the header"))?;
         let header = first
             .header
-            .ok_or_else(|| failed(Status::data_loss("the first chunk has no header")))?;
-        let dtype = DType::from_name(&header.dtype).ok_or_else(|| {
-            failed(Status::invalid_argument(format!(
-                "unknown dtype {:?}",
-                header.dtype
-            )))
-        })?;
-        let expected = super::tensor::byte_len(dtype, &header.shape)
-            .map_err(|e| failed(Status::invalid_argument(e)))?;
-        if expected != header.total_bytes {
-            return Err(failed(Status::data_loss(format!(
-                "the header announces {} bytes for shape {:?}, which holds {expected}",
-                header.total_bytes, header.shape
-            ))));
-        }
-        let too_many = || failed(Status::data_loss("more bytes than the header announced"));
-        let mut second = match stream.message().await.map_err(failed)? {
+            .ok_or_else(|| Status::data_loss("the first chunk has no header"))?;
+        let (dtype, expected) = check_header(&header)?;
+        let too_many = || Status::data_loss("more bytes than the header announced");
+        let mut second = match stream.message().await? {
             // One chunk: its buffer is the tensor's.
             None => {
-                let tensor = Tensor::new(dtype, header.shape, first.data)
-                    .map_err(|e| failed(Status::data_loss(e)))?;
+                let tensor =
+                    Tensor::new(dtype, header.shape, first.data).map_err(Status::data_loss)?;
                 return Ok(Received {
                     tensor,
                     is_dead: header.is_dead,
@@ -321,7 +443,8 @@ impl Links {
         };
         // Several chunks, assembled. The buffer is sized by the header only up to a bound (a lying
         // header cannot make this worker allocate gigabytes up front) and grows past it.
-        let mut data = tensor_buffer((expected as usize).min(MAX_PREALLOCATED));
+        let buffers = &self.inner.buffers;
+        let mut data = buffers.take((expected as usize).min(MAX_PREALLOCATED));
         if first.data.len() as u64 > expected {
             return Err(too_many());
         }
@@ -331,10 +454,10 @@ impl Links {
                 return Err(too_many());
             }
             data.extend_from_slice(&chunk);
-            second = stream.message().await.map_err(failed)?.map(|c| c.data);
+            second = stream.message().await?.map(|c| c.data);
         }
-        let tensor = Tensor::new(dtype, header.shape, Bytes::from(data))
-            .map_err(|e| failed(Status::data_loss(e)))?;
+        let data = BufferPool::freeze(buffers, data);
+        let tensor = Tensor::new(dtype, header.shape, data).map_err(Status::data_loss)?;
         Ok(Received {
             tensor,
             is_dead: header.is_dead,
@@ -374,9 +497,10 @@ impl Links {
         Ok(reply.incarnation)
     }
 
-    /// Drops the cached link of `task`: the next call looks its address up again.
+    /// Drops the cached link of `task` (its address, its connections): the next call looks its
+    /// address up again.
     pub fn forget(&self, task: &str) {
-        self.lock_clients().remove(task);
+        self.lock_peers().remove(task);
     }
 
     /// A call that could not reach `task` at all (UNAVAILABLE from the transport: connection

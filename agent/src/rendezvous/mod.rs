@@ -5,13 +5,18 @@
 //! - [`local`]: the table of one step: sends matched with receives.
 //! - [`mgr`]: the manager of a worker's steps (`find`, `recv_local`, `cleanup`), and the
 //!   [`RemoteRendezvous`] that fetches a tensor from the task that produced it.
-//! - [`link`]: the gRPC service every worker runs for its peers, and its client.
+//! - [`link`]: the service every worker runs for its peers (gRPC and the direct link on one
+//!   port), and its client.
+//! - [`buffers`]: received large tensors' buffers, reused.
+//! - [`direct`]: the direct link, `RecvTensor` over plain framed TCP, which receives use first.
 //! - [`peers`]: peer heartbeats on the same links; a silent peer fails the receives waiting on it.
 //!
 //! Tensors never touch a coordinator: the coordination key-value store only tells a worker where
 //! its peers' links are (`coord/links/<task>`), and a failover of the ensemble stalls neither a
 //! transfer nor a heartbeat.
 
+pub mod buffers;
+pub mod direct;
 pub mod key;
 pub mod link;
 pub mod local;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::direct;
 use super::link::{Directory, LinkService, Links};
 use super::*;
 
@@ -150,8 +151,22 @@ async fn cleanup_frees_every_step_and_refuses_late_requests() {
     assert_eq!(mgr.live_steps(), 0);
 }
 
-/// Serves `mgr`'s link for `task` on a loopback port; returns the address.
+/// Serves `mgr`'s link for `task` on a loopback port (gRPC and the direct link); returns the
+/// address.
 async fn serve(mgr: RendezvousMgr, task: &str, incarnation: u64) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    let service = LinkService::new(mgr, task, incarnation);
+    tokio::spawn(async move {
+        let _ = service.serve(listener).await;
+    });
+    address
+}
+
+/// Serves `mgr`'s link over gRPC alone, as a worker that predates the direct link.
+async fn serve_grpc_only(mgr: RendezvousMgr, task: &str, incarnation: u64) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -268,6 +283,11 @@ async fn a_tensor_crosses_a_loopback_link_in_chunks() {
         .expect("recv");
     assert_eq!(got.tensor, sent);
     assert_eq!(
+        links.idle_direct(W1),
+        Some(1),
+        "not received over the direct link"
+    );
+    assert_eq!(
         links
             .heartbeat(W1, W2, Duration::from_secs(5))
             .await
@@ -286,7 +306,21 @@ async fn a_tensor_crosses_a_loopback_link_in_chunks() {
         "{err}"
     );
 
-    // A malformed key off the wire is refused with the offending part named.
+    // A malformed key off the wire is refused with the offending part named, by either
+    // transport of the port.
+    let mut conn = direct::Conn::connect(&address).await.expect("connect");
+    let malformed = coord_proto::coord::link::RecvTensorRequest {
+        step_id: 3,
+        key: format!("{W1}/device:CPU:0;zz;{W2}/device:CPU:0;t;0:0"),
+        receiver: W2.into(),
+    };
+    match conn.call(&malformed, &Arc::default()).await {
+        Err(direct::CallError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::InvalidArgument);
+            assert!(s.message().contains("\"zz\" is not hexadecimal"), "{s}");
+        }
+        other => panic!("a malformed key was not refused: {:?}", other.map(|_| ())),
+    }
     let mut raw = coord_proto::coord::link::worker_link_client::WorkerLinkClient::connect(format!(
         "http://{address}"
     ))
@@ -303,6 +337,27 @@ async fn a_tensor_crosses_a_loopback_link_in_chunks() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("\"zz\" is not hexadecimal"), "{err}");
 
+    // A worker that predates the direct link still receives over gRPC from this port.
+    let sent = tensor(3 * link::CHUNK_BYTES / 2, 4);
+    producer
+        .find(3)
+        .send(&key(W1, W2, "grpc"), sent.clone(), false)
+        .expect("send");
+    let mut chunks = raw
+        .recv_tensor(coord_proto::coord::link::RecvTensorRequest {
+            step_id: 3,
+            key: key(W1, W2, "grpc").as_str().to_string(),
+            receiver: W2.into(),
+        })
+        .await
+        .expect("over gRPC")
+        .into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.message().await.expect("chunk") {
+        data.extend_from_slice(&chunk.data);
+    }
+    assert_eq!(data, sent.data().as_ref());
+
     // A peer declared dead fails the receives waiting on it at once.
     let waiting = {
         let r = r.clone();
@@ -316,4 +371,74 @@ async fn a_tensor_crosses_a_loopback_link_in_chunks() {
         .expect("join")
         .expect_err("dead peer");
     assert_eq!(err.message, "peer gone");
+}
+
+/// Sends one tensor of `n` bytes as `name` in step `step` of `producer`; returns it.
+fn produce(producer: &RendezvousMgr, step: i64, name: &str, n: usize) -> Tensor {
+    let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+    let t = Tensor::new(DType::UInt8, vec![n as i64], Bytes::from(data)).expect("tensor");
+    producer
+        .find(step)
+        .send(&key(W1, W2, name), t.clone(), false)
+        .expect("send");
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_serves_only_grpc_is_received_from_over_grpc() {
+    let producer = RendezvousMgr::new();
+    let address = serve_grpc_only(producer.clone(), W1, 5).await;
+    let links = static_links(HashMap::from([(W1.to_string(), address)]));
+    for (step, n) in [(1, 4096), (2, 3 * link::CHUNK_BYTES + 7), (3, 0)] {
+        let sent = produce(&producer, step, "t", n);
+        let got = tokio::time::timeout(
+            Duration::from_secs(30),
+            links.fetch(W1, step, &key(W1, W2, "t"), W2),
+        )
+        .await
+        .expect("prompt")
+        .expect("recv");
+        assert_eq!(got.tensor, sent);
+        assert_eq!(links.idle_direct(W1), None, "still trying the direct link");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_link_tensors_of_every_size_and_given_up_receives() {
+    let producer = RendezvousMgr::new();
+    let address = serve(producer.clone(), W1, 9).await;
+    let links = static_links(HashMap::from([(W1.to_string(), address)]));
+    let fetch = |step: i64, name: &'static str| {
+        let links = links.clone();
+        async move { links.fetch(W1, step, &key(W1, W2, name), W2).await }
+    };
+    // Empty, small, and large enough for the reused buffers (twice, so one is reused).
+    for (step, n) in [(1, 0), (2, 4096), (3, 5 << 20), (4, 5 << 20)] {
+        let sent = produce(&producer, step, "t", n);
+        let got = fetch(step, "t").await.expect("recv");
+        assert_eq!(got.tensor, sent);
+        assert_eq!(got.tensor.data().len(), n);
+    }
+    assert_eq!(links.idle_direct(W1), Some(1), "one connection, reused");
+
+    // A receive given up while the producer waits for the tensor drops its connection; the
+    // producer then keeps the tensor for the next receive.
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), fetch(5, "late")).await;
+    assert!(gave_up.is_err(), "received a tensor never sent");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let sent = produce(&producer, 5, "late", 100);
+    let got = tokio::time::timeout(Duration::from_secs(10), fetch(5, "late"))
+        .await
+        .expect("prompt")
+        .expect("recv");
+    assert_eq!(got.tensor, sent);
+    assert_eq!(producer.find(5).pending(), 0);
+
+    // An error at the producer (here an aborted step) crosses the direct link with its code.
+    producer
+        .find(6)
+        .start_abort(RendezvousError::aborted("step 6 failed"));
+    let err = fetch(6, "t").await.expect_err("aborted");
+    assert_eq!(err.code, tonic::Code::Aborted, "{err}");
+    assert!(err.message.contains("step 6 failed"), "{err}");
 }
