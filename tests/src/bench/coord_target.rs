@@ -91,3 +91,27 @@ impl Ensemble for CoordEnsemble<'_> {
             .await;
     }
 }
+
+/// A Raft log engine of the coordinator (`--raft-log`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RaftLog {
+    Segments,
+    Sled,
+}
+
+impl RaftLog {
+    /// Both engines, the default first.
+    pub const ALL: [RaftLog; 2] = [RaftLog::Segments, RaftLog::Sled];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RaftLog::Segments => "segments",
+            RaftLog::Sled => "sled",
+        }
+    }
+
+    /// The coordinator flags that select it.
+    pub fn args(self) -> [String; 2] {
+        ["--raft-log".into(), self.name().into()]
+    }
+}

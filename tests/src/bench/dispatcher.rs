@@ -8,7 +8,8 @@
 //!   handed out exactly once.
 //! - **Restore**: a journal of N updates (N GetSplits), every replica killed, all restarted;
 //!   timed from the restart until the dispatcher answers with the job at its position. Snapshots
-//!   keep this flat as N grows; TF replays its whole journal.
+//!   keep this flat as N grows; TF replays its whole journal. Measured on both Raft log engines
+//!   (`--raft-log segments` and `sled`), each N on a fresh ensemble of each, in the same run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,8 @@ use coord_agent::data::DispatchClient;
 use coord_proto::coord::dispatcher as pb;
 use coord_proto::dataset::range;
 
+use super::coord_target::RaftLog;
+use super::{disk_usage, mb};
 use crate::cluster::Cluster;
 use crate::data::{consumer, dispatch_client, job, read_values, WorkerProc};
 use crate::tfdata::TfPeer;
@@ -38,21 +41,23 @@ pub struct Args {
 }
 
 fn ensemble() -> Cluster {
-    ensemble_logging("warn")
+    ensemble_logging("warn", RaftLog::Segments)
 }
 
-fn ensemble_logging(filter: &str) -> Cluster {
+fn ensemble_logging(filter: &str, engine: RaftLog) -> Cluster {
+    // Simulated workers never heartbeat: never declare them dead.
+    // Three replicas share two cores (as in `coord-bench kv`).
+    let mut extra_args: Vec<String> = [
+        "--dispatcher-worker-timeout-ms",
+        "3600000",
+        "--worker-threads",
+        "1",
+    ]
+    .map(String::from)
+    .into();
+    extra_args.extend(engine.args());
     Cluster::start(ClusterOptions {
-        // Simulated workers never heartbeat: never declare them dead.
-        // Three replicas share two cores (as in `coord-bench kv`).
-        extra_args: [
-            "--dispatcher-worker-timeout-ms",
-            "3600000",
-            "--worker-threads",
-            "1",
-        ]
-        .map(String::from)
-        .into(),
+        extra_args,
         log_filter: filter.into(),
         ..ClusterOptions::default()
     })
@@ -228,20 +233,24 @@ pub struct Restore {
     pub state_restored: f64,
     /// Until the ensemble has a leader that answers with the job at its position.
     pub serving: f64,
-    /// One replica's data directory.
+    /// One replica's data directory, on disk (as `du` counts it).
     pub bytes: u64,
 }
 
-/// Journals `updates` GetSplits, kills every replica, restarts them all.
-async fn restore(updates: u64) -> Result<Restore, String> {
+/// Journals `updates` GetSplits on an ensemble on `engine`, kills every replica, restarts them
+/// all.
+async fn restore(updates: u64, engine: RaftLog) -> Result<Restore, String> {
     // Info logs: the restart's phases are read back from them.
-    let mut cluster = ensemble_logging("info,openraft=warn,h2=warn");
+    let mut cluster = ensemble_logging("info,openraft=warn,h2=warn", engine);
     let eps = cluster.endpoints();
     cluster_ready(&eps).await?;
     let d = dispatch_client(&eps);
     let tasks = simulated_job(&d, 16, updates, "restore", "restore").await?;
     let rate = get_split_loops(&eps, tasks, updates, 1).await?;
-    eprintln!("  journaled {updates} GetSplits at {rate:.0}/s");
+    eprintln!(
+        "  {}: journaled {updates} GetSplits at {rate:.0}/s",
+        engine.name()
+    );
     let applied = cluster
         .ids()
         .iter()
@@ -252,7 +261,7 @@ async fn restore(updates: u64) -> Result<Restore, String> {
     for id in cluster.ids() {
         cluster.kill(id);
     }
-    let bytes = dir_bytes(&cluster.replica(1).data_dir);
+    let bytes = disk_usage(&cluster.replica(1).data_dir).on_disk;
     let logged_before: Vec<usize> = cluster
         .ids()
         .iter()
@@ -280,11 +289,13 @@ async fn restore(updates: u64) -> Result<Restore, String> {
                 if r.jobs.iter().any(|j| j.next_split == updates) {
                     for (i, &id) in cluster.ids().iter().enumerate() {
                         let log = cluster.log(id);
+                        let dir = &cluster.replica(id).data_dir;
                         eprintln!(
-                            "  replica {id}: {} ({:.1} MB log, {:.1} MB snapshot)",
+                            "  {} replica {id}: {} ({} log, {} snapshot)",
+                            engine.name(),
                             phases(&log[logged_before[i].min(log.len())..], spawned_at),
-                            dir_bytes(&cluster.replica(id).data_dir.join("raft")) as f64 / 1e6,
-                            dir_bytes(&cluster.replica(id).data_dir.join("snapshots")) as f64 / 1e6,
+                            mb(disk_usage(&dir.join("raft")).on_disk),
+                            mb(disk_usage(&dir.join("snapshots")).on_disk),
                         );
                     }
                     return Ok(Restore {
@@ -335,19 +346,6 @@ fn phases(log: &str, spawned: std::time::SystemTime) -> String {
         show(at("log at start")),
         show(at("replica serving"))
     )
-}
-
-fn dir_bytes(p: &std::path::Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(p) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 pub async fn run(args: Args) -> Result<(), String> {
@@ -430,14 +428,29 @@ pub async fn run(args: Args) -> Result<(), String> {
             if w == 16 { "≥ 2×" } else { "" }
         );
     }
-    println!("\n| restore after a full restart | coord: state rebuilt | coord: serving again | coord data dir | TF: restored and serving | TF journal | coord state / TF |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let (mut head, mut ratios) = (String::new(), String::new());
+    for e in RaftLog::ALL.map(RaftLog::name) {
+        head += &format!(" {e}: state rebuilt | {e}: serving again | {e} data dir |");
+        ratios += &format!(" {e} state / TF |");
+    }
+    println!(
+        "\n| restore after a full restart |{head} TF: restored and serving | TF journal |{ratios}"
+    );
+    // Three columns and a ratio per engine, and TF's two.
+    println!("|---|{}", "---:|".repeat(4 * RaftLog::ALL.len() + 2));
     for &n in args.restore_updates.iter().filter(|n| **n > 0) {
-        let r = restore(n).await?;
-        eprintln!(
-            "  coord after {n} updates: state rebuilt in {:.3} s, serving in {:.3} s",
-            r.state_restored, r.serving
-        );
+        let mut engines = Vec::new();
+        for engine in RaftLog::ALL {
+            let r = restore(n, engine).await?;
+            eprintln!(
+                "  coord on {} after {n} updates: state rebuilt in {:.3} s, serving in {:.3} s, data directory {}",
+                engine.name(),
+                r.state_restored,
+                r.serving,
+                mb(r.bytes)
+            );
+            engines.push(r);
+        }
         let peer = match &tf {
             Ok(p) => {
                 let p = p.clone();
@@ -449,20 +462,27 @@ pub async fn run(args: Args) -> Result<(), String> {
             }
             Err(_) => None,
         };
-        let (tf_secs, tf_bytes, ratio) = match &peer {
-            Some(p) => (
-                format!("{:.3} s", p.restore_seconds),
-                format!("{:.1} MB", p.journal_bytes as f64 / 1e6),
-                format!("{:.2}×", r.state_restored / p.restore_seconds),
-            ),
-            None => ("–".into(), "–".into(), "–".into()),
+        let (tf_secs, tf_bytes) = match &peer {
+            Some(p) => (format!("{:.3} s", p.restore_seconds), mb(p.journal_bytes)),
+            None => ("–".into(), "–".into()),
         };
-        println!(
-            "| {n} journaled updates | {:.3} s | {:.3} s | {:.1} MB | {tf_secs} | {tf_bytes} | {ratio} |",
-            r.state_restored,
-            r.serving,
-            r.bytes as f64 / 1e6
-        );
+        let mut cells = String::new();
+        for r in &engines {
+            cells += &format!(
+                " {:.3} s | {:.3} s | {} |",
+                r.state_restored,
+                r.serving,
+                mb(r.bytes)
+            );
+        }
+        let mut ratios = String::new();
+        for r in &engines {
+            ratios += &match &peer {
+                Some(p) => format!(" {:.2}× |", r.state_restored / p.restore_seconds),
+                None => " – |".into(),
+            };
+        }
+        println!("| {n} journaled updates |{cells} {tf_secs} | {tf_bytes} |{ratios}");
     }
     Ok(())
 }

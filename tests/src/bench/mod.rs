@@ -25,6 +25,8 @@ pub mod tasks;
 pub mod tfdata;
 
 use std::future::Future;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use bytes::Bytes;
 
@@ -50,4 +52,52 @@ pub trait Ensemble {
     fn kill_leader(&mut self) -> impl Future<Output = String>;
     /// Restarts what was killed and waits until every member is healthy and caught up.
     fn recover(&mut self) -> impl Future<Output = ()>;
+}
+
+/// The space a directory tree takes: on disk as `du` counts it (allocated blocks, directories
+/// included), and the apparent length of its files. Zero for a missing directory; symbolic links
+/// are not followed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiskUsage {
+    pub on_disk: u64,
+    pub apparent: u64,
+}
+
+impl std::ops::Add for DiskUsage {
+    type Output = Self;
+
+    fn add(self, o: Self) -> Self {
+        Self {
+            on_disk: self.on_disk + o.on_disk,
+            apparent: self.apparent + o.apparent,
+        }
+    }
+}
+
+impl std::iter::Sum for DiskUsage {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| a + b)
+    }
+}
+
+pub fn disk_usage(p: &Path) -> DiskUsage {
+    let Ok(m) = std::fs::symlink_metadata(p) else {
+        return DiskUsage::default();
+    };
+    let own = DiskUsage {
+        on_disk: m.blocks() * 512,
+        apparent: if m.is_file() { m.len() } else { 0 },
+    };
+    if !m.is_dir() {
+        return own;
+    }
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return own;
+    };
+    own + rd.flatten().map(|e| disk_usage(&e.path())).sum()
+}
+
+/// Bytes as megabytes, one decimal.
+pub fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
 }
