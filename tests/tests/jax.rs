@@ -368,7 +368,7 @@ async fn jax_over_tls_with_a_certificate_per_task() {
         assert_ne!(exit["exit"], 0, "{out}");
     }
     let denied =
-        "coord_rpc_duration_seconds_count{method=\"xla/RegisterTask\",code=\"PermissionDenied\"}";
+        "coord_rpc_duration_seconds_count{method=\"xla/RegisterTask\",code=\"PERMISSION_DENIED\"}";
     let refusals: u64 = cluster
         .ids()
         .into_iter()
