@@ -430,41 +430,26 @@ impl Replica {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
+        // The port's connections, sorted (see `accept`): the same serving for plain and TLS
+        // streams, which are of different types.
+        macro_rules! serve_port {
+            ($upgrade:expr) => {{
+                let incoming = crate::raft::accept::incoming(grpc, $upgrade, raft_runtime.clone());
+                raft_runtime
+                    .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
+                raft_runtime.spawn(crate::raft::accept::serve_links(
+                    incoming.links,
+                    raft_core,
+                    this.log.clone(),
+                    this.cluster_id,
+                    this.link_tls.clone(),
+                ));
+                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
+            }};
+        }
         let grpc_task = match this.server_tls.clone() {
-            Some(tls) => {
-                let incoming = crate::raft::accept::incoming(
-                    grpc,
-                    crate::ops::tls::upgrade(tls),
-                    raft_runtime.clone(),
-                );
-                raft_runtime
-                    .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
-                raft_runtime.spawn(crate::raft::accept::serve_links(
-                    incoming.links,
-                    raft_core,
-                    this.log.clone(),
-                    this.cluster_id,
-                    this.link_tls.clone(),
-                ));
-                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
-            }
-            None => {
-                let incoming = crate::raft::accept::incoming(
-                    grpc,
-                    |tcp, _| std::future::ready(Some(tcp)),
-                    raft_runtime.clone(),
-                );
-                raft_runtime
-                    .spawn(raft_server.serve_with_incoming_shutdown(incoming.raft, stopped()));
-                raft_runtime.spawn(crate::raft::accept::serve_links(
-                    incoming.links,
-                    raft_core,
-                    this.log.clone(),
-                    this.cluster_id,
-                    this.link_tls.clone(),
-                ));
-                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming.clients, stopped()))
-            }
+            Some(tls) => serve_port!(crate::ops::tls::upgrade(tls)),
+            None => serve_port!(|tcp, _| std::future::ready(Some(tcp))),
         };
         let http_task = tokio::spawn(crate::api::http::serve(
             http_listener,

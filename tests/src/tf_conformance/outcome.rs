@@ -10,29 +10,6 @@ use prost::Message;
 use serde_json::{json, Value};
 use tonic::{Code, Status};
 
-/// gRPC's name of a code, as TensorFlow and every gRPC library print it.
-pub(super) fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 pub(super) fn task_name(t: &Option<tf::CoordinatedTask>) -> Value {
     match t {
         Some(t) => json!(format!("/job:{}/task:{}", t.job_name, t.task_id)),
@@ -67,7 +44,7 @@ pub(super) fn error_outcome(s: &Status) -> Value {
             payloads.insert(url, v);
         }
     }
-    json!({"err": code_name(s.code()), "payloads": payloads})
+    json!({"err": coord_proto::grpc_code_name(s.code()), "payloads": payloads})
 }
 
 pub(super) fn states(infos: &[tf::CoordinatedTaskStateInfo], service: u64) -> Value {
