@@ -1,6 +1,6 @@
 //! TensorFlow's tf.data service through failures of the ensemble: real TF 2.21 `WorkerServer`s
 //! and a `distribute()` reader (DYNAMIC sharding of `range(N)`), each worker behind its own
-//! `coord-proxy` (which leases splits 32 at a time), while
+//! `coord-proxy` (which leases splits, up to 256 at a time), while
 //! the leader is killed twice mid-epoch, or every replica is killed and restarted. TF must see
 //! slow calls, never an error, and read every element exactly once: a split handed out is in the
 //! log, and a GetSplit whose answer was lost with its leader is answered with the same split.
@@ -155,10 +155,10 @@ async fn operators_see_the_epoch(e: &mut Epoch) {
                 .is_some_and(|u| u.starts_with("tfdata.get_split("))
         })
         .count();
-    // Every split is in the journal, in the proxies' leases (32 at a time, fewer at the end of
-    // the epoch; and the end-of-splits answers after them).
+    // Every split is in the journal, in the proxies' leases (up to 256 at a time, fewer at the
+    // start and the end of the epoch; and the end-of-splits answers after them).
     assert!(
-        splits >= N as usize / 32,
+        splits >= N as usize / 256,
         "{splits} GetSplit updates in the journal"
     );
     // Every replica counts the same splits once caught up.

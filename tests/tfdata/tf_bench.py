@@ -22,11 +22,14 @@ Subcommands:
   reader
       One long-lived client process (no workers in it: a reader in a worker's process reads from
       it through TF's in-process shortcut, see tf_peer.py). Imports TF, prints {"event":
-      "imported"}, then runs one read per stdin line "read TAG ADDR N INTS MODE COPIES": range(N),
-      each element made a vector of INTS copies of itself if INTS > 1, distribute(processing_mode=
-      MODE) through ADDR ("distributed_epoch", or "parallel_epochs": every worker produces it
-      all), batched by 256 on the client. Checks that every element 0..N-1 came exactly COPIES
-      times (1 under distributed_epoch; the number of workers under parallel_epochs).
+      "imported"}, then runs one read per stdin line "read TAG ADDR N INTS MODE COPIES BATCH_ON":
+      range(N), each element made a vector of INTS copies of itself if INTS > 1,
+      distribute(processing_mode=MODE) through ADDR ("distributed_epoch", or "parallel_epochs":
+      every worker produces it all), batched by 256 on the client (BATCH_ON "client": each
+      element is one GetElement call) or on the workers before distribute ("workers": each batch
+      is one, and a worker asks for 256 splits per batch). Checks that every element 0..N-1 came
+      exactly COPIES times (1 under distributed_epoch; the number of workers under
+      parallel_epochs).
       -> {"event":"read","tag","ok":true,"seconds","counted","rate"}: the clock runs from the first
          batch's arrival to the last one's, and counts the elements after the first batch.
       -> {"event":"read","tag","ok":false,"code","message"}
@@ -97,16 +100,18 @@ def cmd_workers(args):
     threading.Event().wait()
 
 
-def timed_read(tf, address, n, ints, mode, copies):
+def timed_read(tf, address, n, ints, mode, copies, batch_on):
     import numpy as np  # noqa: PLC0415
 
     svc = tf.data.experimental.service
     ds = tf.data.Dataset.range(n)
     if ints > 1:
         ds = ds.map(lambda x: tf.fill([ints], x))
-    ds = ds.apply(
-        svc.distribute(processing_mode=mode, service=f"grpc://{address}")
-    ).batch(BATCH)
+    if batch_on == "workers":
+        ds = ds.batch(BATCH)
+    ds = ds.apply(svc.distribute(processing_mode=mode, service=f"grpc://{address}"))
+    if batch_on == "client":
+        ds = ds.batch(BATCH)
     chunks = []
     first = last = None
     for b in ds:
@@ -143,11 +148,11 @@ def cmd_reader(args):
     emit("imported")
     while True:
         parts = lines.get().split()
-        if len(parts) != 7 or parts[0] != "read":
+        if len(parts) != 8 or parts[0] != "read" or parts[7] not in ("client", "workers"):
             continue
-        _, tag, address, n, ints, mode, copies = parts
+        _, tag, address, n, ints, mode, copies, batch_on = parts
         try:
-            result = timed_read(tf, address, int(n), int(ints), mode, int(copies))
+            result = timed_read(tf, address, int(n), int(ints), mode, int(copies), batch_on)
         except Exception as e:  # noqa: BLE001
             result = {"ok": False, **error_fields(e)}
         emit("read", tag=tag, **result)

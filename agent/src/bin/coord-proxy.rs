@@ -48,9 +48,10 @@ struct Cli {
     /// instead of waiting for its next heartbeat.
     #[arg(long, requires = "task")]
     push_errors_to: Option<String>,
-    /// TensorFlow's tf.data workers: splits of a DYNAMIC iteration taken from the ensemble at
-    /// once (one journal update for all), handed to this host's workers one per GetSplit. 1
-    /// sends every GetSplit to the ensemble.
+    /// TensorFlow's tf.data workers: the most splits of a DYNAMIC iteration taken from the
+    /// ensemble at once (one journal update for all), handed to this host's workers one per
+    /// GetSplit. A lease starts at one split and doubles while the last was used up within
+    /// 25 ms, halving when one lasted over 100 ms. 1 sends every GetSplit to the ensemble.
     #[arg(long, default_value_t = coord_agent::proxy::tfdata::DEFAULT_SPLIT_LEASE)]
     tfdata_split_lease: u64,
     /// TLS toward the ensemble; jaxlib's side (--listen) stays plain gRPC on localhost. Give the

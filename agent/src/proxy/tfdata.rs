@@ -54,11 +54,13 @@ proxy_service! {
     }
 }
 
-/// Splits a lease takes unless told otherwise (coord-proxy's `--tfdata-split-lease`).
-pub const DEFAULT_SPLIT_LEASE: u64 = 32;
+/// The most splits a lease takes unless told otherwise (coord-proxy's `--tfdata-split-lease`);
+/// leases grow to it only while their host's workers use them up fast (see
+/// [`super::splits`]).
+pub const DEFAULT_SPLIT_LEASE: u64 = 256;
 
 impl TfDataProxy {
-    /// Leases of `splits` splits (1: every GetSplit goes to the ensemble).
+    /// Leases of at most `splits` splits (1: every GetSplit goes to the ensemble).
     pub fn with_split_lease(mut self, splits: u64) -> Self {
         self.leases = SplitLeases::new(splits);
         self

@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
 use super::buffers::BufferPool;
-use super::link::{LinkService, MAX_PREALLOCATED};
+use super::link::{header_of, LinkService, MAX_PREALLOCATED};
 use super::Received;
 
 /// What a direct link's caller sends first, and the producer answers. As long as the Raft links'
@@ -332,13 +332,8 @@ async fn is_direct(tcp: &mut TcpStream) -> io::Result<bool> {
 
 /// A [`TENSOR`] answer in one vectored write: header, the producer's own buffer, [`END`].
 async fn write_tensor(w: &mut (impl AsyncWrite + Unpin), received: Received) -> io::Result<()> {
+    let header = header_of(&received);
     let data = received.tensor.data().clone();
-    let header = TensorHeader {
-        dtype: received.tensor.dtype().name().to_string(),
-        shape: received.tensor.shape().to_vec(),
-        total_bytes: data.len() as u64,
-        is_dead: received.is_dead,
-    };
     let mut head = Vec::with_capacity(5 + header.encoded_len());
     head.put_u32_le(header.encoded_len() as u32);
     head.put_u8(TENSOR);

@@ -135,15 +135,20 @@ impl LinkService {
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
 
-/// The chunks of one tensor: the header first (with the first slice of data), then the rest.
-fn chunks(received: Received) -> impl Iterator<Item = Result<TensorChunk, Status>> {
-    let data = received.tensor.data().clone();
-    let header = TensorHeader {
+/// What a tensor answer says of the tensor ahead of its bytes (both transports send it).
+pub(super) fn header_of(received: &Received) -> TensorHeader {
+    TensorHeader {
         dtype: received.tensor.dtype().name().to_string(),
         shape: received.tensor.shape().to_vec(),
-        total_bytes: data.len() as u64,
+        total_bytes: received.tensor.data().len() as u64,
         is_dead: received.is_dead,
-    };
+    }
+}
+
+/// The chunks of one tensor: the header first (with the first slice of data), then the rest.
+fn chunks(received: Received) -> impl Iterator<Item = Result<TensorChunk, Status>> {
+    let header = header_of(&received);
+    let data = received.tensor.data().clone();
     let n = data.len().div_ceil(CHUNK_BYTES).max(1);
     (0..n).map(move |i| {
         let start = i * CHUNK_BYTES;

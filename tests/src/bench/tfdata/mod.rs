@@ -67,6 +67,9 @@ pub struct Args {
     /// Timed reads per system and workload; the systems alternate and medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Elements per timed read batched on the workers (before `distribute`; 0 skips them).
+    #[arg(long, default_value_t = 100_000)]
+    pub batched_elements: u64,
     /// Also time heavier elements: each a vector of this many KiB (0 skips them).
     #[arg(long, default_value_t = 16)]
     pub heavy_kib: u64,

@@ -22,12 +22,23 @@ pub(super) struct Workload {
     /// workers and the reader deliver on this machine.
     pub(super) mode: &'static str,
     pub(super) copies: usize,
+    /// Where the elements are batched by 256: "client" (after `distribute`: every element is its
+    /// own GetElement call from the reader) or "workers" (before it: a worker asks for 256 splits
+    /// per batch and the reader fetches whole batches, so the dispatcher's share of the work is
+    /// the largest).
+    pub(super) batch_on: &'static str,
     /// The target (≥ 2× TF) applies; CPU and the leader's metrics are accounted.
     pub(super) headline: bool,
 }
 
 impl Workload {
-    pub(super) fn dynamic(label: String, n: u64, ints: u64, headline: bool) -> Workload {
+    pub(super) fn dynamic(
+        label: String,
+        n: u64,
+        ints: u64,
+        batch_on: &'static str,
+        headline: bool,
+    ) -> Workload {
         let (mode, copies) = (DYNAMIC, 1);
         Workload {
             label,
@@ -35,6 +46,7 @@ impl Workload {
             ints,
             mode,
             copies,
+            batch_on,
             headline,
         }
     }
@@ -43,11 +55,16 @@ impl Workload {
 pub(super) fn workloads(args: &Args, w: usize) -> Vec<Workload> {
     let n = args.elements;
     let label = format!("range({n}), one split per element, {w} workers");
-    let mut all = vec![Workload::dynamic(label, n, 1, true)];
+    let mut all = vec![Workload::dynamic(label, n, 1, "client", true)];
+    if args.batched_elements > 0 {
+        let m = args.batched_elements;
+        let label = format!("range({m}), one split per element, batched by 256 on the {w} workers");
+        all.push(Workload::dynamic(label, m, 1, "workers", true));
+    }
     if args.heavy_kib > 0 {
         let (kib, m) = (args.heavy_kib, args.heavy_elements);
         let label = format!("{kib} KiB elements, range({m}), one split each, {w} workers");
-        all.push(Workload::dynamic(label, m, kib * 1024 / 8, false));
+        all.push(Workload::dynamic(label, m, kib * 1024 / 8, "client", false));
     }
     let each = n / w as u64;
     all.push(Workload {
@@ -56,6 +73,7 @@ pub(super) fn workloads(args: &Args, w: usize) -> Vec<Workload> {
         ints: 1,
         mode: "parallel_epochs",
         copies: w,
+        batch_on: "client",
         headline: false,
     });
     all
@@ -68,8 +86,10 @@ pub(super) async fn read(
     addr: &str,
     w: &Workload,
 ) -> Result<f64, String> {
-    let (n, ints, mode, copies) = (w.n, w.ints, w.mode, w.copies);
-    reader.send(&format!("read {tag} {addr} {n} {ints} {mode} {copies}"));
+    let (n, ints, mode, copies, on) = (w.n, w.ints, w.mode, w.copies, w.batch_on);
+    reader.send(&format!(
+        "read {tag} {addr} {n} {ints} {mode} {copies} {on}"
+    ));
     let timeout = Duration::from_secs(120 + n * copies as u64 / 100);
     let pick = |e: &Value| (e["event"] == "read" && e["tag"] == tag).then(|| e.clone());
     let r = reader.wait(&format!("read {tag}"), timeout, pick).await?;
@@ -88,10 +108,10 @@ pub(super) struct System {
     pub(super) name: &'static str,
     pub(super) address: String,
     pub(super) roles: Vec<(&'static str, Vec<u32>)>,
-    /// CPU seconds per role, and elements, over the timed headline reads.
-    pub(super) cpu: Vec<f64>,
-    pub(super) elements: f64,
-    /// Elements/s of each round, per workload (at most 3: [`workloads`]).
+    /// Per workload: CPU seconds per role, and elements, over its timed reads.
+    pub(super) cpu: Vec<Vec<f64>>,
+    pub(super) elements: Vec<f64>,
+    /// Elements/s of each round, per workload.
     pub(super) rates: Vec<Vec<f64>>,
 }
 
@@ -100,9 +120,10 @@ impl System {
         name: &'static str,
         address: String,
         roles: Vec<(&'static str, Vec<u32>)>,
+        workloads: usize,
     ) -> Self {
-        let cpu = vec![0.0; roles.len()];
-        let (elements, rates) = (0.0, vec![Vec::new(); 3]);
+        let cpu = vec![vec![0.0; roles.len()]; workloads];
+        let (elements, rates) = (vec![0.0; workloads], vec![Vec::new(); workloads]);
         System {
             name,
             address,
@@ -118,12 +139,13 @@ impl System {
         self.roles.iter().map(|(_, pids)| role(pids)).collect()
     }
 
-    pub(super) fn cpu_report(&self) -> String {
-        let per = |c: f64| 1e6 * c / self.elements.max(1.0);
-        let roles: Vec<String> = (self.roles.iter().zip(&self.cpu))
+    /// CPU per element of workload `k`, in all and per role.
+    pub(super) fn cpu_report(&self, k: usize) -> String {
+        let per = |c: f64| 1e6 * c / self.elements[k].max(1.0);
+        let roles: Vec<String> = (self.roles.iter().zip(&self.cpu[k]))
             .map(|((role, _), &c)| format!("{role} {:.0}", per(c)))
             .collect();
-        let total = per(self.cpu.iter().sum());
+        let total = per(self.cpu[k].iter().sum());
         format!("{}: {total:.0} ({})", self.name, roles.join(", "))
     }
 }
@@ -165,6 +187,7 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
     let hosts_pids: Vec<u32> = hosts.iter().map(Script::pid).collect();
     let followers = cluster.ids().into_iter().filter(|&id| id != leader);
     let followers = followers.filter_map(|id| cluster.pid(id)).collect();
+    let workloads = workloads(args, w);
     let mut systems = [
         System::new(
             "coord",
@@ -176,6 +199,7 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
                 ("workers", hosts_pids.clone()),
                 ("reader", vec![reader.pid()]),
             ],
+            workloads.len(),
         ),
         System::new(
             "TF",
@@ -185,15 +209,15 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
                 ("workers", hosts_pids),
                 ("reader", vec![reader.pid()]),
             ],
+            workloads.len(),
         ),
     ];
-    let warmup = Workload::dynamic(String::new(), WARMUP_ELEMENTS, 1, false);
+    let warmup = Workload::dynamic(String::new(), WARMUP_ELEMENTS, 1, "client", false);
     for s in &systems {
         let tag = format!("warmup-{}-{w}", s.name);
         read(&mut reader, &tag, &s.address, &warmup).await?;
     }
-    let workloads = workloads(args, w);
-    let mut leader_during = BTreeMap::<String, f64>::new();
+    let mut leader_during = vec![BTreeMap::<String, f64>::new(); workloads.len()];
     for round in 0..args.rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for (k, work) in workloads.iter().enumerate() {
@@ -207,27 +231,30 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
                     sys.name, work.label
                 );
                 sys.rates[k].push(r);
-                if !work.headline {
-                    continue;
-                }
                 let cpu = sys.cpu_now().into_iter().zip(cpu_before);
-                sys.cpu
+                sys.cpu[k]
                     .iter_mut()
                     .zip(cpu)
                     .for_each(|(t, (a, b))| *t += a - b);
-                sys.elements += work.n as f64;
+                sys.elements[k] += (work.n * work.copies as u64) as f64;
                 for (key, v) in metrics(&cluster, leader).into_iter().filter(|_| s == 0) {
                     let d = v - m_before.get(&key).copied().unwrap_or(0.0);
-                    *leader_during.entry(key).or_default() += d;
+                    *leader_during[k].entry(key).or_default() += d;
                 }
             }
         }
     }
-    eprintln!("  CPU per element (µs), one split per element, {w} workers, all rounds:");
-    for s in &systems {
-        eprintln!("    {}", s.cpu_report());
+    for (k, work) in workloads
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.mode == DYNAMIC)
+    {
+        eprintln!("  CPU per element (µs), {}, all rounds:", work.label);
+        for s in &systems {
+            eprintln!("    {}", s.cpu_report(k));
+        }
+        log_leader(&leader_during[k]);
     }
-    log_leader(&leader_during);
     keep_if_asked(&mut cluster, args, &format!("throughput, {w} workers"));
     drop((hosts, reader, proxy, dispatcher));
     let [coord, tf] = systems;
@@ -244,7 +271,7 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
     Ok(rows.collect())
 }
 
-/// What coord's leader did during the timed headline reads (the differences of its `/metrics`
+/// What coord's leader did during the timed reads of one workload (the differences of its `/metrics`
 /// series over them).
 pub(super) fn log_leader(during: &BTreeMap<String, f64>) {
     let d = |k: &str| during.get(k).copied().unwrap_or(0.0);
