@@ -9,10 +9,12 @@
 //!   `distribute(processing_mode="distributed_epoch")`: one split per element, each handed out by
 //!   the dispatcher. Elements/s from the first batch to the last, after an untimed warm-up, every
 //!   element checked to come exactly once. The systems alternate round after round and medians
-//!   are reported, so that drift in this shared machine's speed hits both alike. Two more rows:
-//!   heavier elements (vectors of some KiB), and the ceiling with no dispatcher in the element
-//!   path (OFF sharding). The CPU each process spent per element, and what coord's leader did
-//!   meanwhile (its `/metrics`), say where the time went.
+//!   are reported, so that drift in this shared machine's speed hits both alike. More rows:
+//!   `range(N).batch(256)`, batched on the workers before `distribute` (the reader fetches
+//!   batches, and each of their elements is one split: the dispatcher's largest share), heavier
+//!   elements (vectors of some KiB), and the ceiling with no dispatcher in the element path (OFF
+//!   sharding). The CPU each process spent per element, and what coord's leader did meanwhile
+//!   (its `/metrics`), say where the time went, for each DYNAMIC workload.
 //! - **Outage**: a fake worker calls GetSplit back to back (raw RPCs, a real job and iteration
 //!   with a heartbeating client) and timestamps each answer; the dispatcher is killed (`kill -9`)
 //!   and the figure is the time from the kill to the next split answered. TF: its process is

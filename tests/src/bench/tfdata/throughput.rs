@@ -27,7 +27,7 @@ pub(super) struct Workload {
     /// per batch and the reader fetches whole batches, so the dispatcher's share of the work is
     /// the largest).
     pub(super) batch_on: &'static str,
-    /// The target (≥ 2× TF) applies; CPU and the leader's metrics are accounted.
+    /// The target (≥ 2× TF) applies.
     pub(super) headline: bool,
 }
 
