@@ -217,3 +217,20 @@ impl DerefMut for Cluster {
         &mut self.ensemble
     }
 }
+
+/// Waits until a load's counter of done operations reaches `at_least`; panics past `timeout`
+/// saying the load stalled (the load tests' progress check across a kill).
+pub async fn wait_for_count(
+    count: &std::sync::atomic::AtomicU64,
+    at_least: u64,
+    timeout: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while count.load(std::sync::atomic::Ordering::Relaxed) < at_least {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "load stalled below {at_least} operations"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

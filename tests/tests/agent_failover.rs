@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use coord_agent::{Agent, AgentConfig, ChangeKind, KeyChange};
+use coord_tests::cluster::wait_for_count;
 use coord_tests::coord_suite::{Env, LEADER_TIMEOUT};
 use tonic::Code;
 
@@ -132,16 +133,7 @@ async fn inserts_and_increments_apply_once_through_a_leader_kill() {
             })
         })
         .collect();
-    let wait_for = |n: u64| {
-        let done = done.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while done.load(Ordering::Relaxed) < n {
-                assert!(Instant::now() < deadline, "load stalled at {n}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let wait_for = |n: u64| wait_for_count(&done, n, Duration::from_secs(60));
     wait_for(100).await;
     kill_leader(&mut env).await;
     let after_kill = done.load(Ordering::Relaxed);

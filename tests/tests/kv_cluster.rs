@@ -10,6 +10,7 @@ use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::metadata::WireRequestId;
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
+use coord_tests::cluster::wait_for_count;
 use coord_tests::{http, Cluster, ClusterOptions};
 use tonic::Code;
 
@@ -127,19 +128,7 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_write() {
         })
         .collect();
 
-    let wait_count = |n: u64| {
-        let count = count.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while count.load(Ordering::Relaxed) < n {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "load stalled below {n} writes"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let wait_count = |n: u64| wait_for_count(&count, n, Duration::from_secs(60));
     wait_count(300).await;
     c.kill(leader);
     let before = count.load(Ordering::Relaxed);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use coord_agent::{ClientOptions, CoordClient};
+use coord_tests::cluster::wait_for_count;
 use coord_tests::{Cluster, ClusterOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -111,19 +112,7 @@ async fn a_sled_ensemble_keeps_every_acknowledged_write_and_its_engine() {
             })
         })
         .collect();
-    let wait_count = |n: u64| {
-        let count = count.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + TIMEOUT;
-            while count.load(Ordering::Relaxed) < n {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "load stalled below {n} writes"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let wait_count = |n: u64| wait_for_count(&count, n, TIMEOUT);
     wait_count(300).await;
     c.kill(leader);
     let before = count.load(Ordering::Relaxed);
