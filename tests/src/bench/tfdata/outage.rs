@@ -99,7 +99,13 @@ pub(super) async fn tf_outages(
             None => tf_dispatcher(python, port, dir, false)?,
         };
         let kind = if standby { "standby" } else { "restart" };
-        let o = next_split(&splits, killed_at, &format!("TF {kind}")).await?;
+        let who = format!("TF {kind}");
+        // A dispatcher that fails to come up ends the wait at once, with its own stderr.
+        let failed = next.wait("first split after the kill", START_PATIENCE, |_| None::<()>);
+        let o = tokio::select! {
+            o = next_split(&splits, killed_at, &who) => o?,
+            Err(e) = failed => return Err(e),
+        };
         let ready = next.event("ready", START_PATIENCE).await?;
         let at = |k: &str| ready[k].as_f64().unwrap_or(f64::NAN);
         eprintln!(

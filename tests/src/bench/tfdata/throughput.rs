@@ -111,9 +111,14 @@ pub(super) struct System {
     /// Per workload: CPU seconds per role, and elements, over its timed reads.
     pub(super) cpu: Vec<Vec<f64>>,
     pub(super) elements: Vec<f64>,
+    /// Per workload: seconds of its timed reads (elements over elements/s).
+    pub(super) seconds: Vec<f64>,
     /// Elements/s of each round, per workload.
     pub(super) rates: Vec<Vec<f64>>,
 }
+
+/// The roles that are TensorFlow's own processes, whichever dispatcher they use.
+const TF_ROLES: [&str; 2] = ["workers", "reader"];
 
 impl System {
     pub(super) fn new(
@@ -123,13 +128,15 @@ impl System {
         workloads: usize,
     ) -> Self {
         let cpu = vec![vec![0.0; roles.len()]; workloads];
-        let (elements, rates) = (vec![0.0; workloads], vec![Vec::new(); workloads]);
+        let (elements, seconds) = (vec![0.0; workloads], vec![0.0; workloads]);
+        let rates = vec![Vec::new(); workloads];
         System {
             name,
             address,
             roles,
             cpu,
             elements,
+            seconds,
             rates,
         }
     }
@@ -146,7 +153,29 @@ impl System {
             .map(|((role, _), &c)| format!("{role} {:.0}", per(c)))
             .collect();
         let total = per(self.cpu[k].iter().sum());
-        format!("{}: {total:.0} ({})", self.name, roles.join(", "))
+        format!(
+            "{}: {total:.0} ({}); {:.2} cores busy",
+            self.name,
+            roles.join(", "),
+            self.cores(k)
+        )
+    }
+
+    /// The cores workload `k`'s reads kept busy: CPU seconds over the reads' seconds.
+    fn cores(&self, k: usize) -> f64 {
+        self.cpu[k].iter().sum::<f64>() / self.seconds[k].max(1e-9)
+    }
+
+    /// The elements/s of workload `k` had this system's dispatcher path cost no CPU at all: the
+    /// same cores busy, all of them spent by TensorFlow's workers and reader at the CPU per
+    /// element they spent here. Meaningful while the reads were CPU-bound (cores near the
+    /// machine's); a bound on what any dispatcher could do on this machine.
+    pub(super) fn free_dispatcher_rate(&self, k: usize) -> f64 {
+        let tf_only = (self.roles.iter().zip(&self.cpu[k]))
+            .filter(|((role, _), _)| TF_ROLES.contains(role))
+            .map(|(_, &c)| c)
+            .sum::<f64>();
+        self.cores(k) * self.elements[k] / tf_only.max(1e-9)
     }
 }
 
@@ -156,6 +185,9 @@ pub(super) struct Row {
     pub(super) headline: bool,
     pub(super) coord: Vec<f64>,
     pub(super) tf: Vec<f64>,
+    /// DYNAMIC rows: coord's elements/s had its dispatcher path cost nothing (see
+    /// [`System::free_dispatcher_rate`]).
+    pub(super) free_dispatcher: Option<f64>,
 }
 
 /// The throughput rows of `w` workers, one per workload.
@@ -236,7 +268,9 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
                     .iter_mut()
                     .zip(cpu)
                     .for_each(|(t, (a, b))| *t += a - b);
-                sys.elements[k] += (work.n * work.copies as u64) as f64;
+                let elements = (work.n * work.copies as u64) as f64;
+                sys.elements[k] += elements;
+                sys.seconds[k] += elements / r.max(1e-9);
                 for (key, v) in metrics(&cluster, leader).into_iter().filter(|_| s == 0) {
                     let d = v - m_before.get(&key).copied().unwrap_or(0.0);
                     *leader_during[k].entry(key).or_default() += d;
@@ -258,15 +292,19 @@ pub(super) async fn throughput(python: &Path, args: &Args, w: usize) -> Result<V
     keep_if_asked(&mut cluster, args, &format!("throughput, {w} workers"));
     drop((hosts, reader, proxy, dispatcher));
     let [coord, tf] = systems;
-    let rates = coord.rates.into_iter().zip(tf.rates);
+    let free: Vec<Option<f64>> = (workloads.iter().enumerate())
+        .map(|(k, w)| (w.mode == DYNAMIC).then(|| coord.free_dispatcher_rate(k)))
+        .collect();
+    let rates = coord.rates.into_iter().zip(tf.rates).zip(free);
     let rows = workloads
         .into_iter()
         .zip(rates)
-        .map(|(w, (coord, tf))| Row {
+        .map(|(w, ((coord, tf), free_dispatcher))| Row {
             label: w.label,
             headline: w.headline,
             coord,
             tf,
+            free_dispatcher,
         });
     Ok(rows.collect())
 }
