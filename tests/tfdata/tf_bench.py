@@ -34,7 +34,7 @@ Subcommands:
          batch's arrival to the last one's, and counts the elements after the first batch.
       -> {"event":"read","tag","ok":false,"code","message"}
 
-  splits --dispatcher ADDR [--gap-ms G]
+  splits --dispatcher ADDR
       A fake worker measuring the dispatcher's outages. Registers range(2**62) with TF's client,
       makes a DYNAMIC job and an iteration with raw RPCs (as capture_split_fixtures.py does; the
       iteration has a client, which heartbeats every second, and a fake worker that holds its
@@ -42,10 +42,15 @@ Subcommands:
       -> {"event":"ready","iteration_id"}
       -> {"event":"progress","splits","errors","p50_ms","p99_ms"} each second: answers so far,
          failed calls so far, GetSplit latency over the last second
-      -> {"event":"gap","prev","wall","split","expected","errors"}: an answer more than G ms (50)
-         after the previous one: when the previous came (prev), when this one (wall), the split
-         it handed out and the one that followed the previous (a split lost across the outage
-         shows as split > expected), and the errors between them by code.
+      Each stdin line "since T W" (T: a wall time, the dispatcher's kill) asks for the end of the
+      outage that followed T: of the answers that came from T to T + W seconds (kept as they
+      come, so the line may arrive late), the one that ended the longest wait, reported once an
+      answer came after T + W. It is the longest wait, not the first answer after T, because
+      answers already on their way at T, or splits a proxy holds, may come first.
+      -> {"event":"after","since","prev","wall","split","expected","errors"}: when the answer
+         before it came (prev), when it came (wall), the split it handed out and the one that
+         followed the previous (a split lost across the outage shows as split > expected), and
+         the errors between them by code.
 """
 
 import os
@@ -57,6 +62,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from tf_service import emit, error_fields, exit_when_stdin_closes, import_tf  # noqa: E402
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import queue  # noqa: E402
 import struct  # noqa: E402
 import threading  # noqa: E402
@@ -195,6 +201,22 @@ class Dispatcher:
         return self.stubs[method](self.cls(f"{method}Request")(**fields), timeout=timeout)
 
 
+def longest_wait_after(recent, t, w):
+    """Of the `recent` answers after wall time `t` whose wait began before `t + w`, the one that
+    ended the longest wait, with the answer before it."""
+    best = None
+    for k in range(len(recent) - 1, 0, -1):
+        before, answer = recent[k - 1], recent[k]
+        if answer[0] <= t:
+            break
+        if before[0] < t + w and (best is None or answer[0] - before[0] > best[0]):
+            best = (answer[0] - before[0], before[0], answer)
+    if best is None:  # no answer before `t` is kept: the last one stands alone
+        best = (0.0, None, recent[-1])
+    _, prev, (wall, split, expected, errors) = best
+    return {"prev": prev, "wall": wall, "split": split, "expected": expected, "errors": errors}
+
+
 def split_value(tensor):
     """The int64 scalar a range's split is (TF sends it as tensor_content)."""
     if tensor.int64_val:
@@ -202,8 +224,17 @@ def split_value(tensor):
     return struct.unpack("<q", tensor.tensor_content[:8])[0]
 
 
+# Answers the fake worker of `splits` keeps, for "since" questions about the last seconds.
+RECENT_ANSWERS = 50_000
+
+
 def cmd_splits(args):
-    exit_when_stdin_closes()
+    sinces = queue.Queue()
+    exit_when_stdin_closes(
+        lambda line: sinces.put(tuple(map(float, line.split()[1:3])))
+        if line.startswith("since ")
+        else None
+    )
     tf = import_tf()
     d = Dispatcher(args.dispatcher)
     d.call("WorkerHeartbeat", worker_address=FAKE_WORKER)
@@ -245,13 +276,14 @@ def cmd_splits(args):
         response_deserializer=d.cls("GetSplitResponse").FromString,
     )
     request = d.cls("GetSplitRequest")(iteration_id=iteration, repetition=0, split_provider_index=0)
-    gap = args.gap_ms / 1000.0
     splits = errors = 0
     since_answer = {}
     latencies = []
     expected = None
-    prev = time.time()
-    next_progress = prev + 1.0
+    # (wall, split, the split that followed the previous answer, errors since the previous)
+    recent = collections.deque(maxlen=RECENT_ANSWERS)
+    asked = []
+    next_progress = time.time() + 1.0
     while True:
         t0 = time.perf_counter()
         try:
@@ -268,11 +300,14 @@ def cmd_splits(args):
         latencies.append(time.perf_counter() - t0)
         value = split_value(resp.split)
         splits += 1
-        if expected is not None and now - prev > gap:
-            emit("gap", prev=prev, wall=now, split=value, expected=expected, errors=since_answer)
+        recent.append((now, value, expected, since_answer))
         since_answer = {}
         expected = value + 1
-        prev = now
+        while not sinces.empty():
+            asked.append(sinces.get_nowait())
+        for t, w in [(t, w) for t, w in asked if now > t + w]:
+            asked.remove((t, w))
+            emit("after", since=t, **longest_wait_after(recent, t, w))
         if now >= next_progress:
             latencies.sort()
             emit(
@@ -300,7 +335,6 @@ def main():
     sub.add_parser("reader")
     s = sub.add_parser("splits")
     s.add_argument("--dispatcher", required=True)
-    s.add_argument("--gap-ms", type=float, default=50.0)
     s.add_argument("--call-timeout", type=float, default=30.0)
     args = p.parse_args()
     {

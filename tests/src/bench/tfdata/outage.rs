@@ -21,16 +21,30 @@ pub(super) struct Outage {
     pub(super) errors: Value,
 }
 
-/// Waits for the fake worker's first answer after `killed_at`; logs it as `who`'s.
-pub(super) async fn next_split(s: &Script, killed_at: f64, who: &str) -> Result<Outage, String> {
-    let pick = |e: &Value| {
-        (e["event"] == "gap" && e["wall"].as_f64() > Some(killed_at)).then(|| e.clone())
+/// The outage after a kill is the longest wait for a split that began within this long of it.
+const OUTAGE_WINDOW: Duration = Duration::from_secs(5);
+
+/// Waits for the end of the outage after `killed_at`: the fake worker's answer that ended its
+/// longest wait after the kill (not its first answer after it: one already on its way, or a
+/// split coord-proxy held, can come first); logs it as `who`'s.
+pub(super) async fn next_split(
+    s: &mut Script,
+    killed_at: f64,
+    who: &str,
+) -> Result<Outage, String> {
+    let window = OUTAGE_WINDOW.as_secs_f64();
+    s.send(&format!("since {killed_at} {window}"));
+    let asked = |e: &Value| {
+        e["since"]
+            .as_f64()
+            .is_some_and(|t| (t - killed_at).abs() < 1e-6)
     };
-    let gap = s.wait("split after the kill", START_PATIENCE, pick).await?;
+    let pick = |e: &Value| (e["event"] == "after" && asked(e)).then(|| e.clone());
+    let next = s.wait("split after the kill", START_PATIENCE, pick).await?;
     let o = Outage {
-        seconds: gap["wall"].as_f64().unwrap_or(f64::NAN) - killed_at,
-        lost: gap["split"].as_i64().unwrap_or(0) - gap["expected"].as_i64().unwrap_or(0),
-        errors: gap["errors"].clone(),
+        seconds: next["wall"].as_f64().unwrap_or(f64::NAN) - killed_at,
+        lost: next["split"].as_i64().unwrap_or(0) - next["expected"].as_i64().unwrap_or(0),
+        errors: next["errors"].clone(),
     };
     eprintln!(
         "  {who}: next split {:.3} s after the kill; {} split(s) skipped; failed calls meanwhile {}",
@@ -79,7 +93,7 @@ pub(super) async fn tf_outages(
     current.event("ready", START_PATIENCE).await?;
     let address = format!("localhost:{port}");
     let args_ = ["splits", "--dispatcher", &address];
-    let splits = Script::start(python, &args_, "TF fake worker")?;
+    let mut splits = Script::start(python, &args_, "TF fake worker")?;
     splits.event("ready", START_PATIENCE).await?;
     for k in 0..2 * args.kills {
         let standby = k % 2 == 1;
@@ -103,7 +117,7 @@ pub(super) async fn tf_outages(
         // A dispatcher that fails to come up ends the wait at once, with its own stderr.
         let failed = next.wait("first split after the kill", START_PATIENCE, |_| None::<()>);
         let o = tokio::select! {
-            o = next_split(&splits, killed_at, &who) => o?,
+            o = next_split(&mut splits, killed_at, &who) => o?,
             Err(e) = failed => return Err(e),
         };
         let ready = next.event("ready", START_PATIENCE).await?;
@@ -162,7 +176,7 @@ pub(super) async fn coord_outages(
     }
     drop(splits);
     let args_ = ["splits", "--dispatcher", &proxy_addr];
-    let splits = Script::start(python, &args_, "coord fake worker")?;
+    let mut splits = Script::start(python, &args_, "coord fake worker")?;
     splits.event("ready", START_PATIENCE).await?;
     for _ in 0..args.kills {
         out.coord_p50.push(steady(&splits).await?);
@@ -170,7 +184,7 @@ pub(super) async fn coord_outages(
         let killed_at = wall();
         cluster.kill(leader);
         let o = next_split(
-            &splits,
+            &mut splits,
             killed_at,
             &format!("coord, leader {leader} killed"),
         )
