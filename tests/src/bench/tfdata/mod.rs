@@ -18,9 +18,10 @@
 //! - **Outage**: a fake worker calls GetSplit back to back (raw RPCs, a real job and iteration
 //!   with a heartbeating client) and timestamps each answer; the dispatcher is killed (`kill -9`)
 //!   and the figure is the time from the kill to the answer that ended the fake worker's longest
-//!   wait after it (answers already on their way, or splits coord-proxy holds, come first). TF: its process is
-//!   restarted on the same journal (TF's import included), or, alternately, a standby process
-//!   with TF imported builds the `DispatchServer` the moment the kill happens (TF's best case).
+//!   wait after it (answers already on their way, or splits coord-proxy holds, come first).
+//!   TF: its process is restarted on the same journal (TF's import included), or, alternately, a
+//!   standby process with TF imported builds the `DispatchServer` the moment the kill happens
+//!   (TF's best case).
 //!   coord: the leader replica is killed; the fake worker talks to coord-proxy, which re-drives
 //!   the call on the next leader.
 //!
