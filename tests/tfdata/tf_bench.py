@@ -203,14 +203,16 @@ class Dispatcher:
 
 def longest_wait_after(recent, t, w):
     """Of the `recent` answers after wall time `t` whose wait began before `t + w`, the one that
-    ended the longest wait, with the answer before it."""
-    best = None
-    for k in range(len(recent) - 1, 0, -1):
-        before, answer = recent[k - 1], recent[k]
-        if answer[0] <= t:
-            break
-        if before[0] < t + w and (best is None or answer[0] - before[0] > best[0]):
-            best = (answer[0] - before[0], before[0], answer)
+    ended the longest wait, with the answer before it (newest first: a deque is cheap to walk,
+    not to index)."""
+    best = later = None
+    for answer in reversed(recent):
+        if later is not None:
+            if later[0] <= t:
+                break
+            if answer[0] < t + w and (best is None or later[0] - answer[0] > best[0]):
+                best = (later[0] - answer[0], answer[0], later)
+        later = answer
     if best is None:  # no answer before `t` is kept: the last one stands alone
         best = (0.0, None, recent[-1])
     _, prev, (wall, split, expected, errors) = best
