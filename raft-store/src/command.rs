@@ -13,13 +13,13 @@ use std::fmt;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::dispatcher::{DispatchOp, DispatchOutput};
+use crate::dispatcher::legacy::coord as legacy;
+use crate::dispatcher::{DispatcherOp, DispatcherOutput};
 use crate::error::Code;
 use crate::state::alive::AliveAnswer;
 use crate::state::barriers::Outcome;
 use crate::state::cluster::{ClusterConfig, TaskName};
 use crate::state::tasks::DeviceInfo;
-use crate::tfdata::{TfDataOp, TfDataOutput};
 
 // The outcome vocabulary lives in the leaf `error` module; these paths stay for callers.
 pub use crate::error::{OpError, RequestId};
@@ -151,8 +151,9 @@ pub enum Op {
         source: TaskName,
         tasks: Vec<TaskName>,
     },
-    /// A tf.data dispatcher update (one journal entry of TF's dispatcher).
-    Dispatch(DispatchOp),
+    /// An update of coord's own dispatcher of before the two dispatchers became one: found in
+    /// logs written then, applied through `DispatcherState::apply_legacy`, never proposed.
+    LegacyDispatch(legacy::DispatchOp),
     /// An operator ends the job's current run (see `state::runs`). Appended last, as every new
     /// op must be: entries are encoded by variant index.
     EndRun {
@@ -164,8 +165,9 @@ pub enum Op {
         task: TaskName,
         incarnation: u64,
     },
-    /// An update of TensorFlow's tf.data dispatcher (`tensorflow.data.DispatcherService`).
-    TfData(TfDataOp),
+    /// A dispatcher update (one journal entry), from either of its surfaces. (Logs of before the
+    /// two dispatchers became one hold TensorFlow's updates here, with the same encoding.)
+    Dispatcher(DispatcherOp),
     /// The leader's `--quota-bytes` (0: none), proposed when it differs from the state's (see
     /// `state::quota`). Appended last.
     SetQuota {
@@ -213,12 +215,12 @@ impl fmt::Display for Op {
             Op::GetAliveTasks { source, tasks } => {
                 write!(f, "get_alive_tasks({source}, {} tasks)", tasks.len())
             }
-            Op::Dispatch(op) => write!(f, "dispatcher.{op}"),
+            Op::LegacyDispatch(op) => write!(f, "dispatcher.{op}"),
             Op::EndRun { reason } => write!(f, "end_run({reason:?})"),
             Op::RegisterRecoverableTask { task, incarnation } => {
                 write!(f, "register_recoverable({task}, {incarnation:#x})")
             }
-            Op::TfData(op) => write!(f, "tfdata.{op}"),
+            Op::Dispatcher(op) => write!(f, "dispatcher.{op}"),
             Op::SetQuota { bytes } => write!(f, "set_quota({bytes})"),
         }
     }
@@ -248,8 +250,9 @@ pub enum Output {
         generation: u64,
         answer: Option<AliveAnswer>,
     },
+    /// What an update of coord's dispatcher of before returned (kept in session tables of
+    /// snapshots written then).
+    LegacyDispatch(legacy::DispatchOutput),
     /// What a dispatcher update returned.
-    Dispatch(DispatchOutput),
-    /// What an update of TensorFlow's dispatcher returned. Appended last.
-    TfData(TfDataOutput),
+    Dispatcher(DispatcherOutput),
 }

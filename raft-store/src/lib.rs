@@ -9,10 +9,9 @@
 //! - [`key`]: TensorFlow's key normalization. A leaf.
 //! - [`codec`]: the binary encoding of entries, snapshots and Raft messages. A leaf.
 //! - [`stats`]: counters and histograms for metrics. A leaf.
-//! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal). Its
-//!   apply returns its own [`DispatchResult`](dispatcher::DispatchResult); it uses only `error`.
-//! - [`tfdata`]: TensorFlow's own tf.data dispatcher (`tensorflow.data.DispatcherService`), its
-//!   model and ids as TF 2.21 has them; like `dispatcher`, it uses only `error`.
+//! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal),
+//!   TensorFlow's model behind both dispatcher surfaces (TensorFlow's and coord's). Its apply
+//!   returns its own [`DispatcherResult`](dispatcher::DispatcherResult); it uses only `error`.
 //! - [`state`]'s coordination records (`state::cluster`, `tasks`, `barriers`, `alive`): task
 //!   names, the cluster configuration, task records, barrier instances, GetAliveTasks rounds. They
 //!   use only `error` and know nothing of commands.
@@ -39,7 +38,6 @@ pub mod key;
 pub mod state;
 pub mod stats;
 pub mod storage;
-pub mod tfdata;
 pub mod types;
 
 pub use command::{Command, CommandResult, Op, Output, Proposal};

@@ -9,6 +9,7 @@
 //! [`Cluster`] derefs to it and adds only what tests need: network proxies between the replicas,
 //! TLS, joining replicas, the flags that go with them, and `/metrics`.
 
+use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
@@ -105,6 +106,24 @@ impl Cluster {
             c.spawn(id);
         }
         c
+    }
+
+    /// An ensemble at fixed addresses (gRPC, HTTP), none of it started: for data directories
+    /// made elsewhere (they name their ensemble's addresses), copied into each replica's
+    /// `data_dir` before [`Cluster::spawn`].
+    pub fn at(options: ClusterOptions, addresses: &[(SocketAddr, SocketAddr)]) -> Self {
+        let layout = Layout {
+            replicas: addresses.len(),
+            separate_peer_addrs: false,
+            log_filter: options.log_filter.clone(),
+            failure_banner: "test failed; cluster data and logs",
+        };
+        Self {
+            ensemble: LocalEnsemble::at(layout, addresses),
+            options,
+            proxy: None,
+            pki: None,
+        }
     }
 
     /// Starts a new replica with `--join` (the next unused id), for `member add`; returns its id.

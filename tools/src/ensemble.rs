@@ -96,12 +96,22 @@ impl LocalEnsemble {
             let r = e.new_replica(id, false);
             e.replicas.push(r);
         }
-        e.initial_cluster = e
-            .replicas
-            .iter()
-            .map(|r| format!("{}={}", r.id, r.peer))
-            .collect::<Vec<_>>()
-            .join(",");
+        e.initial_cluster = initial_cluster_of(&e.replicas);
+        e
+    }
+
+    /// Like [`LocalEnsemble::new`], but replica `i + 1` listens on `addresses[i]` (gRPC, HTTP):
+    /// for data directories made elsewhere, which name the addresses of their ensemble.
+    pub fn at(layout: Layout, addresses: &[(SocketAddr, SocketAddr)]) -> Self {
+        let mut e = Self::new(Layout {
+            replicas: addresses.len(),
+            separate_peer_addrs: false,
+            ..layout
+        });
+        for (r, (grpc, http)) in e.replicas.iter_mut().zip(addresses) {
+            (r.grpc, r.peer, r.http) = (*grpc, *grpc, *http);
+        }
+        e.initial_cluster = initial_cluster_of(&e.replicas);
         e
     }
 
@@ -361,6 +371,15 @@ pub async fn poll_until(timeout: Duration, what: &str, mut cond: impl FnMut() ->
         );
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// `--initial-cluster` naming every replica by its peer address.
+fn initial_cluster_of(replicas: &[ReplicaProc]) -> String {
+    replicas
+        .iter()
+        .map(|r| format!("{}={}", r.id, r.peer))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn open_log(path: &Path) -> File {

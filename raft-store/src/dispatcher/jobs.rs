@@ -1,277 +1,315 @@
-//! Datasets, jobs and clients: registration with fingerprint dedupe, named jobs that must match,
-//! one task per live worker, client release and job collection.
+//! Jobs, iterations and iteration clients: GetOrCreateJob, GetOrCreateIteration,
+//! ReleaseIterationClient and the garbage collection of idle iterations.
+//!
+//! A job is a named way of reading a dataset (processing mode, consumers, target workers); its
+//! iterations are its repetitions, each with one task per worker present (not lost, and able to
+//! produce the dataset) when it was made; a worker that registers or comes back later gets one
+//! then. A client of an iteration is one consumer reading it.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
-use bytes::Bytes;
-
+use super::datasets::{dataset_not_found, wrong_kind};
+use super::ids::Kind;
 use super::{
-    not_found, splits::SplitProvider, status, DispatchOutput, DispatcherState, Job, Mode, Task,
+    sharding, status, DispatcherOutput, DispatcherState, Iteration, Job, Leases, Provider,
+    ProviderSpec,
 };
 use crate::error::{Code, OpError};
 
-impl DispatcherState {
-    pub(super) fn register_dataset(
-        &mut self,
-        fingerprint: u64,
-        def: &Bytes,
-        total_splits: Option<u64>,
-    ) -> DispatchOutput {
-        if let Some(&id) = self.by_fingerprint.get(&fingerprint) {
-            return DispatchOutput::Dataset { id, created: false };
-        }
-        let id = self.next_id();
-        self.datasets.insert(
-            id,
-            super::Dataset {
-                fingerprint,
-                def: def.clone(),
-                total_splits,
-            },
-        );
-        self.by_fingerprint.insert(fingerprint, id);
-        DispatchOutput::Dataset { id, created: true }
-    }
+/// What GetOrCreateJob asks for.
+pub(super) struct JobRequest<'a> {
+    pub dataset: &'a str,
+    pub sharding: i32,
+    pub name: Option<&'a str>,
+    pub anonymous_tag: u64,
+    pub num_consumers: Option<i64>,
+    pub target_workers: i32,
+    pub cross_trainer_cache: bool,
+}
 
+/// TensorFlow's error for an unknown job id.
+pub fn job_not_found(id: i64) -> OpError {
+    status(Code::NotFound, format!("Job with id {id} not found"))
+}
+
+/// TensorFlow's error for an unknown iteration id.
+pub fn iteration_not_found(id: i64) -> OpError {
+    status(Code::NotFound, format!("Iteration id {id} not found"))
+}
+
+impl DispatcherState {
     pub(super) fn get_or_create_job(
         &mut self,
-        dataset: u64,
-        mode: Mode,
-        name: Option<&str>,
-        num_consumers: Option<u64>,
-    ) -> Result<DispatchOutput, OpError> {
-        let Some(ds) = self.datasets.get(&dataset) else {
-            return Err(not_found("dataset", dataset));
+        req: JobRequest<'_>,
+    ) -> Result<DispatcherOutput, OpError> {
+        if let Some(id) = req.name.and_then(|n| self.jobs_by_name.get(n)) {
+            let job = self.jobs.get(id).ok_or_else(|| job_not_found(*id))?;
+            validate_matching(job, &req)?;
+            if let Some(d) = self.datasets.get(&job.dataset) {
+                if d.source.is_definition() {
+                    return Err(wrong_kind(&job.dataset, d));
+                }
+            }
+            return Ok(DispatcherOutput::Job(job.id));
+        }
+        let dataset = self
+            .datasets
+            .get(req.dataset)
+            .ok_or_else(|| dataset_not_found(req.dataset))?;
+        if dataset.source.is_definition() {
+            return Err(wrong_kind(req.dataset, dataset));
+        }
+        if !(sharding::OFF..=sharding::HINT).contains(&req.sharding) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!(
+                    "ProcessingMode {{ sharding_policy: {} }} does not specify a valid sharding \
+                     policy (OFF, DYNAMIC, FILE, DATA, FILE_OR_DATA or HINT)",
+                    req.sharding
+                ),
+            ));
+        }
+        if let Some(n) = req.num_consumers.filter(|n| *n <= 0) {
+            return Err(status(
+                Code::InvalidArgument,
+                format!("num_consumers must be positive, got {n}"),
+            ));
+        }
+        let id = self.new_job(
+            req.name,
+            req.anonymous_tag,
+            Job {
+                id: 0,
+                name: String::new(),
+                anonymous: false,
+                dataset: req.dataset.to_string(),
+                sharding: req.sharding,
+                num_consumers: req.num_consumers,
+                target_workers: req.target_workers,
+                cross_trainer_cache: req.cross_trainer_cache,
+            },
+        );
+        Ok(DispatcherOutput::Job(id))
+    }
+
+    /// Adds `job` under a new id and its name (made up for an anonymous job, as TF does).
+    pub(super) fn new_job(&mut self, name: Option<&str>, anonymous_tag: u64, mut job: Job) -> i64 {
+        let id = self.fresh_id(Kind::Job);
+        job.id = id;
+        job.anonymous = name.is_none();
+        job.name = match name {
+            Some(n) => n.to_string(),
+            None => format!("anonymous_job_{id}_{anonymous_tag}"),
         };
-        let job_id = match name.and_then(|n| self.named_jobs.get(n).map(|j| (n, *j))) {
-            Some((n, id)) => {
-                let Some(job) = self.jobs.get(&id) else {
-                    return Err(status(
-                        Code::Internal,
-                        format!("job name {n:?} points at job {id}, which does not exist"),
-                    ));
-                };
-                validate_matching(job, n, dataset, mode, num_consumers)?;
-                if job.finished {
+        self.jobs_by_name.insert(job.name.clone(), id);
+        self.jobs.insert(id, job);
+        id
+    }
+
+    pub(super) fn get_or_create_iteration(
+        &mut self,
+        job_id: i64,
+        repetition: i64,
+        providers: &[ProviderSpec],
+    ) -> Result<DispatcherOutput, OpError> {
+        let job = self
+            .jobs
+            .get(&job_id)
+            .ok_or_else(|| job_not_found(job_id))?;
+        let existing = self
+            .iterations_by_key
+            .get(&(job.name.clone(), repetition))
+            .and_then(|i| self.iterations.get(i))
+            .filter(|it| !it.garbage_collected)
+            .map(|it| it.id);
+        let (iteration, new_tasks) = match existing {
+            Some(id) => (id, Vec::new()),
+            None => {
+                if job.sharding == sharding::DYNAMIC && providers.is_empty() {
                     return Err(status(
                         Code::FailedPrecondition,
                         format!(
-                            "job {n:?} (id {id}) has finished{}; use another name for a new job",
-                            if job.garbage_collected {
-                                " and was garbage-collected"
-                            } else {
-                                ""
-                            }
+                            "job {job_id} shards dynamically but its iteration came with no \
+                             split providers"
                         ),
                     ));
                 }
-                id
-            }
-            None => {
-                if let Some(n) = num_consumers {
-                    if n == 0 {
-                        return Err(status(
-                            Code::InvalidArgument,
-                            "num_consumers must be positive".into(),
-                        ));
-                    }
-                    if mode != Mode::Off {
-                        return Err(status(
-                            Code::InvalidArgument,
-                            format!("round-robin reads (num_consumers={n}) need processing mode OFF, not {mode:?}"),
-                        ));
-                    }
-                    if ds.total_splits.is_some() {
-                        return Err(status(
-                            Code::InvalidArgument,
-                            format!("round-robin reads (num_consumers={n}) need an infinite dataset; dataset {dataset} ends (add repeat with count 0)"),
-                        ));
-                    }
-                }
-                let live: Vec<(String, u64)> = self
-                    .workers
-                    .iter()
-                    .filter(|(_, w)| w.alive)
-                    .map(|(a, w)| (a.clone(), w.id))
-                    .collect();
-                if mode.is_static() && live.is_empty() {
-                    return Err(status(
-                        Code::FailedPrecondition,
-                        format!("static sharding ({mode:?}) divides the data among the workers registered when the job starts, and none is registered"),
-                    ));
-                }
-                let total = ds.total_splits;
-                let id = self.next_id();
-                let mut job = Job {
-                    id,
-                    name: name.map(str::to_string),
-                    dataset,
-                    mode,
-                    num_consumers,
-                    num_shards: live.len() as u64,
-                    tasks: Vec::new(),
-                    clients: BTreeSet::new(),
-                    idle_since_ms: None,
-                    finished: false,
-                    garbage_collected: false,
-                    splits: SplitProvider::new(total),
-                    pending: VecDeque::new(),
-                };
-                for (shard, (address, worker_id)) in live.into_iter().enumerate() {
-                    // Round-robin: the tasks made with the job are read from round 0.
-                    let task = self.new_task(id, address, worker_id, shard as u64, Some(0));
-                    job.tasks.push(task);
-                }
-                if let Some(n) = name {
-                    self.named_jobs.insert(n.to_string(), id);
-                }
-                self.jobs.insert(id, job);
-                id
+                let providers = (job.sharding == sharding::DYNAMIC).then(|| {
+                    providers
+                        .iter()
+                        .map(|p| provider(p.spec.clone(), p.splits, false))
+                        .collect()
+                });
+                let id = self.new_iteration(job_id, repetition, providers, 0);
+                (id, self.create_tasks(id))
             }
         };
-        let client = self.next_id();
-        self.clients.insert(client, job_id);
-        if let Some(job) = self.jobs.get_mut(&job_id) {
-            job.clients.insert(client);
-            job.idle_since_ms = None;
-        }
-        Ok(DispatchOutput::Job {
-            job: job_id,
+        let client = self.add_client(iteration);
+        Ok(DispatcherOutput::Iteration {
             client,
+            iteration,
+            new_tasks,
         })
     }
 
-    /// Makes a task of job `job` on the worker (not yet listed in the job's tasks); `None` as the
-    /// starting round makes it pending (round-robin).
-    pub(super) fn new_task(
+    /// Adds an iteration of `job` (no tasks yet) under a new id and its (name, repetition) key.
+    pub(super) fn new_iteration(
         &mut self,
-        job: u64,
-        worker: String,
-        worker_id: u64,
-        shard: u64,
-        starting_round: Option<i64>,
-    ) -> u64 {
-        let id = self.next_id();
-        self.tasks.insert(
+        job: i64,
+        repetition: i64,
+        providers: Option<Vec<Provider>>,
+        num_shards: u64,
+    ) -> i64 {
+        let id = self.new_id(Kind::Iteration);
+        if let Some(name) = self.jobs.get(&job).map(|j| j.name.clone()) {
+            self.iterations_by_key.insert((name, repetition), id);
+        }
+        self.iterations.insert(
             id,
-            Task {
+            Iteration {
                 id,
                 job,
-                worker,
-                worker_id,
-                shard_index: shard,
-                starting_round,
+                repetition,
+                providers,
+                tasks: Vec::new(),
+                pending: VecDeque::new(),
+                num_clients: 0,
+                last_client_released_micros: -1,
+                num_shards,
                 finished: false,
-                removed: false,
+                garbage_collected: false,
             },
         );
         id
     }
 
+    /// A new client of `iteration`.
+    pub(super) fn add_client(&mut self, iteration: i64) -> i64 {
+        let client = self.new_id(Kind::Client);
+        self.clients.insert(client, iteration);
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.num_clients += 1;
+        }
+        client
+    }
+
     pub(super) fn release_client(
         &mut self,
-        client: u64,
-        now_ms: u64,
-    ) -> Result<DispatchOutput, OpError> {
-        let Some(job_id) = self.clients.remove(&client) else {
-            return Err(not_found("job client", client));
-        };
-        if let Some(job) = self.jobs.get_mut(&job_id) {
-            job.clients.remove(&client);
-            if job.clients.is_empty() {
-                job.idle_since_ms = Some(now_ms);
-            }
-            // A round-robin consumer that left can no longer agree to a pending task.
-            for p in &mut job.pending {
+        client: i64,
+        time_micros: i64,
+    ) -> Result<DispatcherOutput, OpError> {
+        let iteration = self.client_iteration(client)?.id;
+        self.clients.remove(&client);
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.num_clients -= 1;
+            it.last_client_released_micros = time_micros;
+            // A consumer that left can no longer agree to a pending task.
+            for p in &mut it.pending {
                 p.ready.remove(&client);
             }
         }
-        Ok(DispatchOutput::Done)
+        Ok(DispatcherOutput::Done)
     }
 
-    pub(super) fn collect_job(&mut self, job_id: u64) -> Result<DispatchOutput, OpError> {
-        let Some(job) = self.jobs.get_mut(&job_id) else {
-            return Err(not_found("job", job_id));
-        };
-        if !job.clients.is_empty() {
+    pub(super) fn garbage_collect_iteration(
+        &mut self,
+        iteration: i64,
+    ) -> Result<DispatcherOutput, OpError> {
+        let it = self
+            .iterations
+            .get(&iteration)
+            .ok_or_else(|| iteration_not_found(iteration))?;
+        if it.finished || it.num_clients > 0 {
             return Err(status(
                 Code::FailedPrecondition,
                 format!(
-                    "job {job_id} has {} clients; it is not collected",
-                    job.clients.len()
+                    "iteration {iteration} is {}; it is not collected",
+                    if it.finished {
+                        "finished".to_string()
+                    } else {
+                        format!("read by {} clients", it.num_clients)
+                    }
                 ),
             ));
         }
-        job.finished = true;
-        job.garbage_collected = true;
-        job.pending.clear();
-        let tasks = job.tasks.clone();
+        let tasks: Vec<i64> = it
+            .tasks
+            .iter()
+            .copied()
+            .chain(it.pending.iter().map(|p| p.task))
+            .collect();
+        // Its tasks end (TF's FinishTask) and nobody reads them any more.
         for t in tasks {
+            self.finish_task(t);
             if let Some(task) = self.tasks.get_mut(&t) {
                 task.removed = true;
             }
         }
-        Ok(DispatchOutput::Done)
-    }
-
-    /// Marks the job finished once every task it still reads from has finished and, under DYNAMIC
-    /// sharding, every split is handed out and delivered.
-    pub(super) fn check_job_finished(&mut self, job_id: u64) {
-        let Some(job) = self.jobs.get(&job_id) else {
-            return;
-        };
-        if job.finished {
-            return;
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.pending.clear();
+            it.finished = true;
+            it.garbage_collected = true;
         }
-        let tasks_done = job
-            .tasks
-            .iter()
-            .filter_map(|t| self.tasks.get(t))
-            .all(|t| t.finished || t.removed);
-        let splits_done = job.mode != Mode::Dynamic || job.splits.exhausted();
-        let any_live = job
-            .tasks
-            .iter()
-            .filter_map(|t| self.tasks.get(t))
-            .any(|t| !t.removed);
-        // A DYNAMIC job whose workers all died is not finished: its splits wait for a new worker.
-        if tasks_done && splits_done && (any_live || job.mode != Mode::Dynamic) {
-            if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.finished = true;
-            }
-        }
+        Ok(DispatcherOutput::Done)
     }
 }
 
-fn validate_matching(
-    job: &Job,
-    name: &str,
-    dataset: u64,
-    mode: Mode,
-    num_consumers: Option<u64>,
-) -> Result<(), OpError> {
-    let mut diffs = Vec::new();
-    if job.dataset != dataset {
-        diffs.push(format!("dataset {} (asked {dataset})", job.dataset));
+/// A provider at its start, with leases when its workers report delivery.
+pub(super) fn provider(spec: bytes::Bytes, splits: u64, leased: bool) -> Provider {
+    Provider {
+        spec,
+        splits,
+        repetition: 0,
+        index: 0,
+        leases: leased.then(Leases::default),
     }
-    if job.mode != mode {
-        diffs.push(format!("processing mode {:?} (asked {mode:?})", job.mode));
-    }
-    if job.num_consumers != num_consumers {
-        diffs.push(format!(
-            "num_consumers {:?} (asked {num_consumers:?})",
-            job.num_consumers
+}
+
+/// TensorFlow's ValidateMatchingJob: a named job found again must be asked for the same way
+/// (processing mode, cross-trainer cache, target workers; not the dataset, as in TF).
+fn validate_matching(job: &Job, req: &JobRequest<'_>) -> Result<(), OpError> {
+    let mut diff = String::new();
+    if job.sharding != req.sharding {
+        diff.push_str(&format!(
+            "Existing processing mode: <sharding_policy: {}>; got <sharding_policy: {}>. ",
+            sharding::name(job.sharding),
+            sharding::name(req.sharding)
         ));
     }
-    if diffs.is_empty() {
+    if job.cross_trainer_cache != req.cross_trainer_cache {
+        let word = |b: bool| if b { "enabled" } else { "disabled" };
+        diff.push_str(&format!(
+            "Existing cross-trainer cache: <{}>; got <{}>. ",
+            word(job.cross_trainer_cache),
+            word(req.cross_trainer_cache)
+        ));
+    }
+    if job.target_workers != req.target_workers {
+        diff.push_str(&format!(
+            "Existing target workers: <{}>; got <{}>. ",
+            target_workers_name(job.target_workers),
+            target_workers_name(req.target_workers)
+        ));
+    }
+    if diff.is_empty() {
         return Ok(());
     }
     Err(status(
         Code::InvalidArgument,
         format!(
-            "job {name:?} (id {}) exists with {}",
-            job.id,
-            diffs.join(", ")
+            "Tried to create job with name {}, but found an existing job with different \
+             parameters: {diff}",
+            job.name
         ),
     ))
+}
+
+/// TensorFlow's `TargetWorkersToString`.
+pub fn target_workers_name(t: i32) -> &'static str {
+    match t {
+        1 => "AUTO",
+        2 => "ANY",
+        3 => "LOCAL",
+        _ => "UNSPECIFIED",
+    }
 }

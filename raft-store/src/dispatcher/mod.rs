@@ -1,334 +1,291 @@
-//! The tf.data dispatcher's state (TensorFlow's `DataServiceDispatcherImpl`), replicated: the Raft
-//! log is its journal.
+//! The tf.data dispatcher (TensorFlow 2.21's `DataServiceDispatcherImpl`), replicated: the one
+//! state behind both of the ensemble's dispatcher surfaces, TensorFlow's
+//! `tensorflow.data.DispatcherService` (unmodified TF workers and `distribute()` clients) and
+//! coord's own `coord.dispatcher.Dispatcher` (coord's data workers and consumers). The Raft log
+//! is its journal.
 //!
-//! TensorFlow's dispatcher writes every `Update` to a local journal and replays all of it on
-//! restart. Here each update is one [`DispatchOp`] in the Raft log, applied by the same
-//! deterministic `apply` on every replica, and a snapshot holds the state itself, so a restart
-//! costs what the state weighs, not what its history weighs.
+//! TensorFlow's dispatcher changes its state only through `Apply(Update)`, several journal
+//! records per RPC, under one mutex. Here one RPC is one [`DispatcherOp`], applied atomically by
+//! the same deterministic `apply` on every replica; a refused op changes nothing. A snapshot holds
+//! the state itself, so a restart costs what the state weighs, not what its history weighs.
 //!
-//! Ids are counters in the state, so every replica hands out the same ones. What TF keeps in
-//! memory stays in the leader's memory here too (heartbeat times, round-robin rounds); the leader
-//! passes what an update needs of it (the round a new pending task aims at) inside the op.
+//! The model is TensorFlow's, with its names, ids and codes, because TensorFlow's clients read
+//! them: dataset ids are strings (a client may choose one), ids start where TF's do (datasets
+//! 1000, iterations 2000, iteration clients 3000, tasks 4000, jobs 5000), a job is named (an
+//! anonymous job gets a unique name), an iteration is a job's repetition, tasks are per
+//! (iteration, worker). coord's protocol reads the same records: its datasets are definitions
+//! (ranges and record files, deduped by fingerprint), its job is a job read once (one iteration,
+//! whose id is the job id coord's clients see), and its workers report each split's delivery, so
+//! their splits are leased: a worker declared dead has its tasks removed and its leased splits
+//! handed out again (at-least-once; elements keep their (split, offset) identity, so consumers
+//! drop duplicates). TensorFlow's workers keep TensorFlow's semantics: a split handed out is gone.
+//! A worker only ever gets tasks of datasets it can produce (graphs for TensorFlow's workers,
+//! definitions for coord's).
 //!
-//! Beyond TF: a split handed to a worker is *leased* until the worker says its elements were all
-//! delivered. When the worker is declared dead its leased splits are handed out again
-//! (at-least-once; elements keep their (split, offset) identity so consumers drop duplicates).
+//! What this state does not know: dataset graphs. The leader works out a DYNAMIC iteration's
+//! split providers from the graph before it proposes, and an iteration keeps, per provider, an
+//! opaque description, its split count and its position. What TensorFlow keeps in memory stays
+//! in the leader's memory (heartbeat times, the round each round-robin client reads, consumers'
+//! agreement to remove a task); the leader passes what an op needs of it inside the op.
 //!
-//! - [`jobs`]: datasets, jobs, clients and the tasks made for them.
-//! - [`workers`]: worker registration, death and task completion.
-//! - [`splits`]: DYNAMIC sharding's split provider with leases.
-//! - [`rounds`]: round-robin reads: adding a task mid-job (the pending-task protocol).
+//! - [`model`]: the records. [`ops`]: the updates and their answers.
+//! - `ids`: ids of each kind, and those of coord's dispatcher of before.
+//! - `datasets`: registration (a graph with a client-chosen id, or a definition by fingerprint)
+//!   and the compression decision.
+//! - `jobs`: TensorFlow's jobs and iterations, clients, collection of idle iterations.
+//! - `definitions`: coord's jobs: a job of a definition, read once.
+//! - `workers`: worker registration and loss, for both kinds of workers.
+//! - `tasks`: making, finishing and removing tasks; when an iteration is finished.
+//! - `splits`: DYNAMIC sharding's providers, and leases for workers that report delivery.
+//! - `rounds`: round-robin reads: pending tasks, consumers' agreement, task removal.
+//! - [`legacy`]: the two states of before, read from old snapshots and logs into this one.
 
+mod datasets;
+mod definitions;
+mod ids;
 mod jobs;
+pub mod legacy;
+pub mod model;
+pub mod ops;
 mod rounds;
 mod splits;
+mod tasks;
 #[cfg(test)]
 mod tests;
 mod workers;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt;
+use std::collections::BTreeMap;
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Code, OpError};
 
-pub use splits::SplitAnswer;
+pub use model::{
+    Dataset, DatasetSource, Iteration, Job, Leases, LegacyIds, NextIds, PendingTask, Provider,
+    ProviderSpec, Task, Worker, WorkerIndex, ENDLESS,
+};
+pub use ops::{DispatcherOp, DispatcherOutput, DispatcherResult, LeaseAnswer};
 
-/// How a job's data is divided among its workers (TF's `ProcessingModeDef`).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Every worker produces the whole dataset.
-    Off,
-    /// Splits on demand from the dispatcher (distributed epoch).
-    Dynamic,
-    /// Static: worker i of n reads splits i, i+n, ...
-    File,
-    /// Static: worker i of n reads records i, i+n, ...
-    Data,
-}
+/// TensorFlow's `ProcessingModeDef.ShardingPolicy`, as its wire numbers. coord's
+/// `ProcessingMode` (OFF, DYNAMIC, FILE, DATA) has the same numbers.
+pub mod sharding {
+    pub const OFF: i32 = 0;
+    pub const DYNAMIC: i32 = 1;
+    pub const FILE: i32 = 2;
+    pub const DATA: i32 = 3;
+    pub const FILE_OR_DATA: i32 = 4;
+    pub const HINT: i32 = 5;
 
-impl Mode {
-    pub fn is_static(self) -> bool {
-        matches!(self, Mode::File | Mode::Data)
+    /// Static sharding: worker i of n reads its share.
+    pub fn is_static(policy: i32) -> bool {
+        matches!(policy, FILE | DATA | FILE_OR_DATA | HINT)
     }
-}
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Dataset {
-    pub fingerprint: u64,
-    /// The encoded definition (coord.dispatcher.DatasetDef), validated by the leader.
-    pub def: Bytes,
-    /// Splits in all epochs; `None` for a dataset that repeats forever.
-    pub total_splits: Option<u64>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Worker {
-    /// A new number at every registration: a worker declared dead and back is a new worker.
-    pub id: u64,
-    pub alive: bool,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Job {
-    pub id: u64,
-    pub name: Option<String>,
-    pub dataset: u64,
-    pub mode: Mode,
-    /// Round-robin reads by this many consumers.
-    pub num_consumers: Option<u64>,
-    /// Static sharding: the number of shards, fixed when the job was made.
-    pub num_shards: u64,
-    /// Every task ever made for the job, in order.
-    pub tasks: Vec<u64>,
-    pub clients: BTreeSet<u64>,
-    /// When the last client left (for garbage collection); `None` while it has clients.
-    pub idle_since_ms: Option<u64>,
-    pub finished: bool,
-    pub garbage_collected: bool,
-    pub splits: splits::SplitProvider,
-    /// Round-robin tasks waiting for every consumer to agree on their first round.
-    pub pending: VecDeque<rounds::PendingTask>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Task {
-    pub id: u64,
-    pub job: u64,
-    pub worker: String,
-    /// The worker registration the task was made for.
-    pub worker_id: u64,
-    pub shard_index: u64,
-    /// Round-robin: the first round read from this task; `None` while it is pending.
-    pub starting_round: Option<i64>,
-    /// The task produced its last element.
-    pub finished: bool,
-    /// Its worker was declared dead (or its job collected): consumers stop reading it.
-    pub removed: bool,
-}
-
-/// Everything the dispatcher knows. A part of `CoordState`, so of every snapshot.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-pub struct DispatcherState {
-    pub datasets: BTreeMap<u64, Dataset>,
-    pub by_fingerprint: BTreeMap<u64, u64>,
-    pub workers: BTreeMap<String, Worker>,
-    pub jobs: BTreeMap<u64, Job>,
-    pub named_jobs: BTreeMap<String, u64>,
-    pub tasks: BTreeMap<u64, Task>,
-    /// Client id -> its job.
-    pub clients: BTreeMap<u64, u64>,
-    /// The last id handed out (datasets, jobs, tasks, clients and workers share the counter).
-    pub last_id: u64,
-    /// Journal updates applied so far.
-    pub updates: u64,
-}
-
-/// One dispatcher update: one journal entry.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub enum DispatchOp {
-    /// Registers the dataset unless one with the fingerprint exists.
-    RegisterDataset {
-        fingerprint: u64,
-        def: Bytes,
-        total_splits: Option<u64>,
-    },
-    /// Joins the named job (which must match) or makes a new one, with a task on every live
-    /// worker, and adds a client to it.
-    GetOrCreateJob {
-        dataset: u64,
-        mode: Mode,
-        name: Option<String>,
-        num_consumers: Option<u64>,
-    },
-    ReleaseClient {
-        client: u64,
-    },
-    /// The leader heard nothing from the client for its timeout.
-    ClientTimeout {
-        client: u64,
-    },
-    /// A worker the dispatcher does not know (or declared dead) heartbeated. `rounds` is the
-    /// leader's latest known round of each round-robin job.
-    RegisterWorker {
-        address: String,
-        rounds: BTreeMap<u64, i64>,
-    },
-    /// The leader heard nothing from the worker (registration `worker_id`) for its timeout.
-    WorkerTimeout {
-        address: String,
-        worker_id: u64,
-    },
-    /// A task asks for its next split, reporting the splits it has delivered.
-    GetSplit {
-        task: u64,
-        done: Vec<u64>,
-        /// Lease up to this many splits (at least one).
-        max: u32,
-    },
-    /// Splits delivered and tasks finished, reported by a worker.
-    WorkerUpdate {
-        address: String,
-        done: Vec<(u64, u64)>,
-        completed: Vec<u64>,
-    },
-    /// A round-robin consumer's heartbeat while its job has a pending task.
-    ClientRounds {
-        client: u64,
-        current_round: Option<i64>,
-        blocked_round: Option<i64>,
-    },
-    /// The job had no clients for the collection timeout.
-    CollectJob {
-        job: u64,
-    },
-}
-
-impl fmt::Display for DispatchOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DispatchOp::RegisterDataset {
-                fingerprint,
-                total_splits,
-                def,
-            } => write!(
-                f,
-                "register_dataset(fingerprint={fingerprint:016x}, {} bytes, splits={})",
-                def.len(),
-                total_splits.map_or("infinite".to_string(), |n| n.to_string())
-            ),
-            DispatchOp::GetOrCreateJob {
-                dataset,
-                mode,
-                name,
-                num_consumers,
-            } => write!(
-                f,
-                "get_or_create_job(dataset={dataset}, {mode:?}, name={name:?}, consumers={num_consumers:?})"
-            ),
-            DispatchOp::ReleaseClient { client } => write!(f, "release_client({client})"),
-            DispatchOp::ClientTimeout { client } => write!(f, "client_timeout({client})"),
-            DispatchOp::RegisterWorker { address, .. } => write!(f, "register_worker({address})"),
-            DispatchOp::WorkerTimeout { address, worker_id } => {
-                write!(f, "worker_timeout({address}, worker={worker_id})")
-            }
-            DispatchOp::GetSplit { task, done, max } => {
-                write!(f, "get_split(task={task}, done={done:?}, max={max})")
-            }
-            DispatchOp::WorkerUpdate {
-                address,
-                done,
-                completed,
-            } => write!(
-                f,
-                "worker_update({address}, {} splits done, tasks completed {completed:?})",
-                done.len()
-            ),
-            DispatchOp::ClientRounds {
-                client,
-                current_round,
-                blocked_round,
-            } => write!(
-                f,
-                "client_rounds({client}, current={current_round:?}, blocked={blocked_round:?})"
-            ),
-            DispatchOp::CollectJob { job } => write!(f, "collect_job({job})"),
+    pub fn name(policy: i32) -> &'static str {
+        match policy {
+            OFF => "OFF",
+            DYNAMIC => "DYNAMIC",
+            FILE => "FILE",
+            DATA => "DATA",
+            FILE_OR_DATA => "FILE_OR_DATA",
+            HINT => "HINT",
+            _ => "unknown",
         }
     }
 }
 
-/// What a dispatcher update returns.
-///
-/// The dispatcher returns its own result rather than a command's, so that it needs nothing from the
-/// command layer: the state's apply wraps it in `Output::Dispatch`.
-pub type DispatchResult = Result<DispatchOutput, OpError>;
+/// `DataServiceMetadata.Compression`'s SNAPPY: the only compression that can be turned off.
+pub const COMPRESSION_SNAPPY: i32 = 2;
 
-/// What an accepted dispatcher update answers.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub enum DispatchOutput {
-    Dataset {
-        id: u64,
-        created: bool,
-    },
-    Job {
-        job: u64,
-        client: u64,
-    },
-    Worker {
-        id: u64,
-    },
-    Split(SplitAnswer),
-    /// Round-robin: the round the consumer must not start yet.
-    Block(Option<i64>),
-    Done,
+/// Everything the dispatcher knows. A part of `CoordState`, so of every snapshot.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DispatcherState {
+    pub datasets: BTreeMap<String, Dataset>,
+    /// A definition's fingerprint -> its dataset.
+    pub by_fingerprint: BTreeMap<u64, String>,
+    pub workers: BTreeMap<String, Worker>,
+    pub jobs: BTreeMap<i64, Job>,
+    pub jobs_by_name: BTreeMap<String, i64>,
+    pub iterations: BTreeMap<i64, Iteration>,
+    /// (job name, repetition) -> the iteration (the latest, if one was garbage-collected).
+    pub iterations_by_key: BTreeMap<(String, i64), i64>,
+    /// Every task not removed by MaybeRemoveTask (TF forgets those).
+    pub tasks: BTreeMap<i64, Task>,
+    /// Iteration client -> its iteration.
+    pub clients: BTreeMap<i64, i64>,
+    pub next: NextIds,
+    /// Ops applied so far (a refused op changes nothing and is not counted).
+    pub updates: u64,
+    /// DYNAMIC splits handed out for the first time, every iteration together.
+    pub splits_handed_out: u64,
+    /// Present when the state began as coord's dispatcher of before (see [`legacy`]).
+    pub legacy: Option<LegacyIds>,
+    /// While an update of coord's dispatcher of before is applied: its new ids number on from
+    /// [`LegacyIds::last_id`], as that dispatcher's did. Never set between updates.
+    #[serde(skip)]
+    replaying_legacy: bool,
 }
 
 pub(crate) fn status(code: Code, message: String) -> OpError {
     OpError::Status { code, message }
 }
 
-pub(crate) fn not_found(what: &str, id: u64) -> OpError {
-    status(
-        Code::NotFound,
-        format!("{what} {id} is not known to the dispatcher"),
-    )
-}
-
 impl DispatcherState {
-    fn next_id(&mut self) -> u64 {
-        self.last_id += 1;
-        self.last_id
-    }
-
-    /// Applies one update at `now_ms` (the leader's clock when it proposed). A refused update
-    /// changes nothing.
-    pub fn apply(&mut self, op: &DispatchOp, now_ms: u64) -> DispatchResult {
+    /// Applies one op. Times it needs travel inside it (picked by the leader), so apply reads no
+    /// clock. A refused op changes nothing.
+    pub fn apply(&mut self, op: &DispatcherOp) -> DispatcherResult {
+        use DispatcherOp::*;
         let out = match op {
-            DispatchOp::RegisterDataset {
-                fingerprint,
+            RegisterDataset {
+                requested_id,
                 def,
-                total_splits,
-            } => Ok(self.register_dataset(*fingerprint, def, *total_splits)),
-            DispatchOp::GetOrCreateJob {
+                metadata,
+                compression,
+            } => self.register_dataset(requested_id.as_deref(), def, metadata, *compression),
+            GetOrCreateJob {
                 dataset,
-                mode,
+                sharding,
                 name,
+                anonymous_tag,
                 num_consumers,
-            } => self.get_or_create_job(*dataset, *mode, name.as_deref(), *num_consumers),
-            DispatchOp::ReleaseClient { client } | DispatchOp::ClientTimeout { client } => {
-                self.release_client(*client, now_ms)
-            }
-            DispatchOp::RegisterWorker { address, rounds } => {
-                Ok(self.register_worker(address, rounds))
-            }
-            DispatchOp::WorkerTimeout { address, worker_id } => {
-                Ok(self.worker_timeout(address, *worker_id))
-            }
-            DispatchOp::GetSplit { task, done, max } => self.get_split(*task, done, *max),
-            DispatchOp::WorkerUpdate {
+                target_workers,
+                cross_trainer_cache,
+            } => self.get_or_create_job(jobs::JobRequest {
+                dataset,
+                sharding: *sharding,
+                name: name.as_deref(),
+                anonymous_tag: *anonymous_tag,
+                num_consumers: *num_consumers,
+                target_workers: *target_workers,
+                cross_trainer_cache: *cross_trainer_cache,
+            }),
+            GetOrCreateIteration {
+                job,
+                repetition,
+                providers,
+            } => self.get_or_create_iteration(*job, *repetition, providers),
+            WorkerHeartbeat {
                 address,
-                done,
-                completed,
-            } => self.worker_update(address, done, completed),
-            DispatchOp::ClientRounds {
+                transfer_servers,
+                tags,
+                uid,
+                index,
+                rounds,
+            } => self.worker_heartbeat(
+                address,
+                workers::TfWorker {
+                    transfer_servers,
+                    tags,
+                    uid: *uid,
+                    index: *index,
+                },
+                rounds,
+            ),
+            FinishTasks { address: _, tasks } => self.finish_tasks(tasks),
+            GetSplit {
+                iteration,
+                repetition,
+                provider,
+                max,
+            } => self.get_split(*iteration, *repetition, *provider, *max),
+            ReleaseClient {
+                client,
+                time_micros,
+            }
+            | ClientTimeout {
+                client,
+                time_micros,
+            } => self.release_client(*client, *time_micros),
+            ClientHeartbeat {
                 client,
                 current_round,
                 blocked_round,
-            } => self.client_rounds(*client, *current_round, *blocked_round),
-            DispatchOp::CollectJob { job } => self.collect_job(*job),
+                client_round,
+            } => self.client_heartbeat(*client, *current_round, *blocked_round, *client_round),
+            RemoveTask { task } => self.remove_task(*task),
+            GarbageCollectIteration { iteration } | CollectJob { iteration } => {
+                self.garbage_collect_iteration(*iteration)
+            }
+            DisableCompression { dataset, disable } => self.disable_compression(dataset, *disable),
+            WorkerLost { address } => self.worker_lost(address),
+            RegisterDefinition {
+                fingerprint,
+                def,
+                total_splits,
+            } => Ok(self.register_definition(*fingerprint, def, *total_splits)),
+            JoinJob {
+                dataset,
+                sharding,
+                name,
+                anonymous_tag,
+                num_consumers,
+            } => self.join_job(definitions::JoinRequest {
+                dataset,
+                sharding: *sharding,
+                name: name.as_deref(),
+                anonymous_tag: *anonymous_tag,
+                num_consumers: *num_consumers,
+            }),
+            RegisterDataWorker { address, rounds } => self.register_data_worker(address, rounds),
+            DataWorkerTimeout {
+                address,
+                registration,
+            } => Ok(self.data_worker_timeout(address, *registration)),
+            LeaseSplits { task, done, max } => self.lease_splits(*task, done, *max),
+            ReportDelivery {
+                address,
+                done,
+                completed,
+            } => self.report_delivery(address, done, completed),
         }?;
         self.updates += 1;
         Ok(out)
     }
 
-    /// The job's tasks consumers read: not removed, and (round-robin) no longer pending.
-    pub fn visible_tasks<'a>(&'a self, job: &'a Job) -> impl Iterator<Item = &'a Task> + 'a {
-        job.tasks
+    /// The tasks an iteration's clients read (TF's `TasksForIteration`): not removed.
+    pub fn iteration_tasks<'a>(&'a self, it: &'a Iteration) -> impl Iterator<Item = &'a Task> {
+        it.tasks
             .iter()
             .filter_map(|t| self.tasks.get(t))
             .filter(|t| !t.removed)
-            .filter(move |t| job.num_consumers.is_none() || t.starting_round.is_some())
+    }
+
+    /// The iteration of an iteration client, with TF's error for an unknown one.
+    pub fn client_iteration(&self, client: i64) -> Result<&Iteration, OpError> {
+        self.clients
+            .get(&client)
+            .and_then(|i| self.iterations.get(i))
+            .ok_or_else(|| {
+                status(
+                    Code::NotFound,
+                    format!("Iteration client id not found: {client}"),
+                )
+            })
+    }
+
+    /// Iteration clients whose iteration has not finished (TF's `ListActiveClientIds`).
+    pub fn active_clients(&self) -> impl Iterator<Item = i64> + '_ {
+        self.clients
+            .iter()
+            .filter(|(_, it)| self.iterations.get(it).is_some_and(|it| !it.finished))
+            .map(|(c, _)| *c)
+    }
+
+    /// The dataset an iteration reads.
+    pub fn iteration_dataset(&self, it: &Iteration) -> Option<&Dataset> {
+        let job = self.jobs.get(&it.job)?;
+        self.datasets.get(&job.dataset)
+    }
+
+    /// Whether the iteration reads a coord definition (its workers report delivery).
+    pub fn reads_definition(&self, it: &Iteration) -> bool {
+        self.iteration_dataset(it)
+            .is_some_and(|d| d.source.is_definition())
+    }
+
+    pub(crate) fn is_round_robin(&self, job: i64) -> bool {
+        self.jobs
+            .get(&job)
+            .is_some_and(|j| j.num_consumers.is_some())
     }
 }

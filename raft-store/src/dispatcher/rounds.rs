@@ -1,86 +1,92 @@
-//! Round-robin reads: adding a task mid-job so that every consumer starts reading it in the same
-//! round (the pending-task protocol described in the comments of TensorFlow's tf.data dispatcher,
-//! `DataServiceDispatcherImpl`).
+//! Round-robin reads (`num_consumers`): every consumer reads round r from task r mod n, so they
+//! must agree on when a task joins or leaves.
 //!
-//! A new task waits in its job's pending queue with a target round. Consumers heartbeat their
-//! current round and the round they have blocked before; the dispatcher tells each to block
-//! before the target. A consumer already at or past the target makes the target fail: the delta
-//! doubles and the target moves past that consumer. Once every consumer has blocked at or before
-//! the target, the task gets `starting_round = target` and consumers see it.
+//! A task made while consumers read (a worker joined) is pending: it aims at a target round, and
+//! each consumer, on its heartbeat, either accepts it (it has blocked before that round) or
+//! rejects it (it already reads that round or later), which clears the acceptances and aims at a
+//! later round, doubling the distance each time (the protocol described in the comments of
+//! TensorFlow's `DataServiceDispatcherImpl`). When every consumer accepted, the task becomes
+//! readable from the target round on. coord's consumers follow the same protocol.
+//!
+//! A task leaves by MaybeRemoveTask, once every consumer asked to remove it at the same round
+//! (that agreement is gathered in the leader's memory); it is then forgotten. (coord's round-robin
+//! tasks leave only with their worker's death.)
 
-use std::collections::BTreeSet;
-
-use serde::{Deserialize, Serialize};
-
-use super::{not_found, status, DispatchOutput, DispatcherState};
+use super::{status, DispatcherOutput, DispatcherState};
 use crate::error::{Code, OpError};
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct PendingTask {
-    pub task: u64,
-    pub target_round: i64,
-    pub delta: i64,
-    /// Consumers blocked at or before the target.
-    pub ready: BTreeSet<u64>,
-}
-
-impl PendingTask {
-    /// A pending task aimed one round past `latest_round`, the latest round the leader heard of.
-    pub fn new(task: u64, latest_round: i64) -> Self {
-        Self {
-            task,
-            target_round: latest_round.saturating_add(1),
-            delta: 1,
-            ready: BTreeSet::new(),
-        }
-    }
-}
-
 impl DispatcherState {
-    pub(super) fn client_rounds(
+    pub(super) fn client_heartbeat(
         &mut self,
-        client: u64,
-        current: Option<i64>,
-        blocked: Option<i64>,
-    ) -> Result<DispatchOutput, OpError> {
-        let Some(&job_id) = self.clients.get(&client) else {
-            return Err(not_found("job client", client));
+        client: i64,
+        current_round: Option<i64>,
+        blocked_round: Option<i64>,
+        client_round: i64,
+    ) -> Result<DispatcherOutput, OpError> {
+        let iteration = self.client_iteration(client)?.id;
+        let consumers = self
+            .iterations
+            .get(&iteration)
+            .and_then(|it| self.jobs.get(&it.job))
+            .and_then(|j| j.num_consumers);
+        let Some(it) = self.iterations.get_mut(&iteration) else {
+            return Ok(DispatcherOutput::Done);
         };
-        let Some(job) = self.jobs.get_mut(&job_id) else {
-            return Err(not_found("job", job_id));
+        let Some(front) = it.pending.front_mut() else {
+            return Ok(DispatcherOutput::Done);
         };
-        let Some(consumers) = job.num_consumers else {
+        // Both decided on the task as it stands before this heartbeat, as TF's dispatcher does.
+        let rejected = current_round.unwrap_or(0) >= front.target_round;
+        let accepted = blocked_round.is_some_and(|b| b <= front.target_round)
+            && !front.ready.contains(&client);
+        if rejected {
+            let offset = 2i64
+                .checked_shl(front.failures)
+                .filter(|o| *o > 0)
+                .unwrap_or(i64::MAX);
+            front.failures = front.failures.saturating_add(1);
+            front.ready.clear();
+            front.target_round = client_round.saturating_add(offset);
+        }
+        if accepted {
+            front.ready.insert(client);
+            let all = consumers.and_then(|n| usize::try_from(n).ok());
+            if all == Some(front.ready.len()) {
+                let (task, round) = (front.task, front.target_round);
+                it.pending.pop_front();
+                it.tasks.push(task);
+                if let Some(t) = self.tasks.get_mut(&task) {
+                    t.starting_round = round;
+                }
+            }
+        }
+        Ok(DispatcherOutput::Done)
+    }
+
+    pub(super) fn remove_task(&mut self, task_id: i64) -> Result<DispatcherOutput, OpError> {
+        // Already removed: TF answers `removed` without an update.
+        let Some(task) = self.tasks.get(&task_id) else {
+            return Ok(DispatcherOutput::Done);
+        };
+        let (iteration, worker) = (task.iteration, task.worker.clone());
+        let round_robin = self
+            .iterations
+            .get(&iteration)
+            .is_some_and(|it| self.is_round_robin(it.job));
+        if !round_robin {
             return Err(status(
                 Code::FailedPrecondition,
-                format!("job {job_id} of client {client} does not read round-robin"),
+                "MaybeRemoveTask called on a non-round-robin task.".into(),
             ));
-        };
-        let Some(p) = job.pending.front_mut() else {
-            return Ok(DispatchOutput::Block(None));
-        };
-        let current = current.unwrap_or(0);
-        if current >= p.target_round {
-            // Too late for this consumer to block the target: aim further out.
-            p.delta = p.delta.saturating_mul(2);
-            p.target_round = current.saturating_add(p.delta);
-            p.ready.clear();
-            return Ok(DispatchOutput::Block(Some(p.target_round)));
         }
-        if blocked.is_some_and(|b| b <= p.target_round) {
-            p.ready.insert(client);
+        self.tasks.remove(&task_id);
+        if let Some(it) = self.iterations.get_mut(&iteration) {
+            it.tasks.retain(|t| *t != task_id);
+            it.pending.retain(|p| p.task != task_id);
         }
-        if (p.ready.len() as u64) < consumers {
-            return Ok(DispatchOutput::Block(Some(p.target_round)));
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.tasks.remove(&task_id);
         }
-        let (task, round) = (p.task, p.target_round);
-        job.pending.pop_front();
-        let next = job.pending.front().map(|n| n.target_round.max(round + 1));
-        if let Some(n) = job.pending.front_mut() {
-            n.target_round = n.target_round.max(round + 1);
-        }
-        if let Some(t) = self.tasks.get_mut(&task) {
-            t.starting_round = Some(round);
-        }
-        Ok(DispatchOutput::Block(next))
+        Ok(DispatcherOutput::Done)
     }
 }

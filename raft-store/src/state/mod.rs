@@ -59,9 +59,8 @@ pub use tasks::{
 pub use crate::error::Code;
 
 use crate::command::{Command, CommandResult, Op, Output, Proposal};
-use crate::dispatcher::{DispatchOp, DispatcherState};
+use crate::dispatcher::{DispatcherOp, DispatcherState};
 use crate::error::OpError;
-use crate::tfdata::{TfDataOp, TfDataState};
 
 /// Whether `op` may grow the records outside the key-value store (everything but the store's own
 /// ops and the quota's).
@@ -84,13 +83,12 @@ pub struct CoordState {
     pub sessions: SessionTable,
     /// The coordinated job; `None` until the first leader sets it up.
     pub cluster: Option<Cluster>,
-    /// The tf.data dispatcher.
+    /// The tf.data dispatcher, behind both of its surfaces (snapshots before format 6 held two:
+    /// see `dispatcher::legacy`).
     pub dispatcher: DispatcherState,
     /// Which run of the job this is (snapshots of the first format lack it).
     pub runs: JobRuns,
-    /// TensorFlow's tf.data dispatcher (snapshots before format 4 lack it).
-    pub tfdata: TfDataState,
-    /// The memory quota and its alarm (last: snapshots before format 5 lack it).
+    /// The memory quota and its alarm (snapshots before format 5 lack it).
     pub quota: Quota,
 }
 
@@ -160,13 +158,12 @@ impl CoordState {
                 overwrite,
             } => self.kv.growth_of_put(key, value, *overwrite),
             Op::KvIncrement { key, .. } => self.kv.growth_of_increment(key),
-            Op::Dispatch(
-                DispatchOp::RegisterDataset { .. } | DispatchOp::GetOrCreateJob { .. },
-            )
-            | Op::TfData(
-                TfDataOp::RegisterDataset { .. }
-                | TfDataOp::GetOrCreateJob { .. }
-                | TfDataOp::GetOrCreateIteration { .. },
+            Op::Dispatcher(
+                DispatcherOp::RegisterDataset { .. }
+                | DispatcherOp::GetOrCreateJob { .. }
+                | DispatcherOp::GetOrCreateIteration { .. }
+                | DispatcherOp::RegisterDefinition { .. }
+                | DispatcherOp::JoinJob { .. },
             ) => encoded_len(op),
             _ => return None,
         };
@@ -176,21 +173,14 @@ impl CoordState {
         self.quota.refusal(self.usage(), growth, || match op {
             Op::KvPut { key, .. } => format!("the put of key {key:?}"),
             Op::KvIncrement { key, .. } => format!("the increment of new key {key:?}"),
-            Op::Dispatch(d) => format!("dispatcher.{d}"),
-            Op::TfData(t) => format!("tfdata.{t}"),
+            Op::Dispatcher(d) => d.to_string(),
             other => other.to_string(),
         })
     }
 
     /// Measures the records outside the key-value store (see `quota`).
     fn measure_records(&mut self) {
-        let records = encoded_len(&(
-            &self.sessions,
-            &self.cluster,
-            &self.dispatcher,
-            &self.runs,
-            &self.tfdata,
-        ));
+        let records = encoded_len(&(&self.sessions, &self.cluster, &self.dispatcher, &self.runs));
         self.quota.measured(records);
     }
 
@@ -216,8 +206,11 @@ impl CoordState {
                 })
             }
             // The one place a dispatcher result becomes a command's result.
-            Op::Dispatch(op) => self.dispatcher.apply(op, now_ms).map(Output::Dispatch),
-            Op::TfData(op) => self.tfdata.apply(op).map(Output::TfData),
+            Op::Dispatcher(op) => self.dispatcher.apply(op).map(Output::Dispatcher),
+            Op::LegacyDispatch(op) => self
+                .dispatcher
+                .apply_legacy(op, now_ms)
+                .map(Output::Dispatcher),
             Op::EndRun { .. } if self.cluster.is_none() => Err(OpError::NoCluster),
             Op::EndRun { .. } => {
                 self.end_run(changes);
@@ -316,8 +309,8 @@ fn apply_coordination(
         | Op::KvIncrement { .. }
         | Op::InitCluster { .. }
         | Op::EndRun { .. }
-        | Op::Dispatch(_)
-        | Op::TfData(_)
+        | Op::LegacyDispatch(_)
+        | Op::Dispatcher(_)
         | Op::SetQuota { .. } => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),

@@ -3,7 +3,7 @@
 //! The state lives in memory on every replica, so one client writing large values would grow all
 //! three together until all are killed for memory at once. The quota bounds the state's bytes:
 //! keys and values (counted exactly, with a per-entry overhead) plus the records outside the store
-//! (tasks, barriers, both dispatchers, request sessions), measured as their encoded size.
+//! (tasks, barriers, the dispatcher, request sessions), measured as their encoded size.
 //!
 //! Everything here is decided in `apply`, from the state alone, so every replica agrees on which
 //! write was refused: the bound itself is replicated (the leader proposes its flag with

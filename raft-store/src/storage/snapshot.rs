@@ -7,9 +7,10 @@
 //!
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
 //! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state, version 3 per-task
-//! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota; older
-//! snapshots still read (as run 0, with no recoverable task, with an empty tf.data dispatcher,
-//! with no quota until the leader sets one).
+//! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota, version
+//! 6 made the two dispatchers one; older snapshots still read (as run 0, with no recoverable
+//! task, with an empty tf.data dispatcher, with no quota until the leader sets one, with their
+//! dispatchers converted by `dispatcher::legacy::convert`).
 
 use std::fs;
 use std::io;
@@ -22,9 +23,12 @@ use crate::state::{Cluster, CoordState};
 use crate::types::SnapshotMeta;
 
 use super::files;
+use crate::dispatcher::legacy::{self, coord::DispatcherState as LegacyDispatcher};
+
+type LegacyTfData = legacy::tf::TfDataState;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 5;
+const FORMAT_VERSION: u32 = 6;
 const FILE_NAME: &str = "snapshot.bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +89,12 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
                 codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
             return Ok(v4.into());
         }
+        Some(5) => {
+            let body = files::unframe(MAGIC, 5, bytes).map_err(corrupt)?;
+            let v5: SnapshotBodyV5 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v5.into());
+        }
         _ => {}
     }
     let body = files::unframe(MAGIC, FORMAT_VERSION, bytes).map_err(corrupt)?;
@@ -130,7 +140,7 @@ struct StateV1 {
     kv: crate::state::KvStore,
     sessions: crate::state::SessionTable,
     cluster: Option<ClusterV2>,
-    dispatcher: crate::dispatcher::DispatcherState,
+    dispatcher: LegacyDispatcher,
 }
 
 impl From<SnapshotBodyV1> for SnapshotBody {
@@ -147,9 +157,8 @@ impl From<SnapshotBodyV1> for SnapshotBody {
                 kv,
                 sessions,
                 cluster: cluster.map(Cluster::from),
-                dispatcher,
+                dispatcher: legacy::convert(dispatcher, Default::default()),
                 runs: Default::default(),
-                tfdata: Default::default(),
                 quota: Default::default(),
             },
         }
@@ -168,7 +177,7 @@ struct StateV2 {
     kv: crate::state::KvStore,
     sessions: crate::state::SessionTable,
     cluster: Option<ClusterV2>,
-    dispatcher: crate::dispatcher::DispatcherState,
+    dispatcher: LegacyDispatcher,
     runs: crate::state::JobRuns,
 }
 
@@ -187,9 +196,8 @@ impl From<SnapshotBodyV2> for SnapshotBody {
                 kv,
                 sessions,
                 cluster: cluster.map(Cluster::from),
-                dispatcher,
+                dispatcher: legacy::convert(dispatcher, Default::default()),
                 runs,
-                tfdata: Default::default(),
                 quota: Default::default(),
             },
         }
@@ -208,7 +216,7 @@ struct StateV3 {
     kv: crate::state::KvStore,
     sessions: crate::state::SessionTable,
     cluster: Option<Cluster>,
-    dispatcher: crate::dispatcher::DispatcherState,
+    dispatcher: LegacyDispatcher,
     runs: crate::state::JobRuns,
 }
 
@@ -227,9 +235,8 @@ impl From<SnapshotBodyV3> for SnapshotBody {
                 kv,
                 sessions,
                 cluster,
-                dispatcher,
+                dispatcher: legacy::convert(dispatcher, Default::default()),
                 runs,
-                tfdata: Default::default(),
                 quota: Default::default(),
             },
         }
@@ -248,9 +255,9 @@ struct StateV4 {
     kv: crate::state::KvStore,
     sessions: crate::state::SessionTable,
     cluster: Option<Cluster>,
-    dispatcher: crate::dispatcher::DispatcherState,
+    dispatcher: LegacyDispatcher,
     runs: crate::state::JobRuns,
-    tfdata: crate::tfdata::TfDataState,
+    tfdata: LegacyTfData,
 }
 
 impl From<SnapshotBodyV4> for SnapshotBody {
@@ -269,10 +276,52 @@ impl From<SnapshotBodyV4> for SnapshotBody {
                 kv,
                 sessions,
                 cluster,
-                dispatcher,
+                dispatcher: legacy::convert(dispatcher, tfdata),
                 runs,
-                tfdata,
                 quota: Default::default(),
+            },
+        }
+    }
+}
+
+/// A snapshot of format 5: two dispatchers, coord's and TensorFlow's.
+#[derive(Deserialize)]
+struct SnapshotBodyV5 {
+    meta: SnapshotMeta,
+    state: StateV5,
+}
+
+#[derive(Deserialize)]
+struct StateV5 {
+    kv: crate::state::KvStore,
+    sessions: crate::state::SessionTable,
+    cluster: Option<Cluster>,
+    dispatcher: LegacyDispatcher,
+    runs: crate::state::JobRuns,
+    tfdata: LegacyTfData,
+    quota: crate::state::Quota,
+}
+
+impl From<SnapshotBodyV5> for SnapshotBody {
+    fn from(v5: SnapshotBodyV5) -> Self {
+        let StateV5 {
+            kv,
+            sessions,
+            cluster,
+            dispatcher,
+            runs,
+            tfdata,
+            quota,
+        } = v5.state;
+        SnapshotBody {
+            meta: v5.meta,
+            state: CoordState {
+                kv,
+                sessions,
+                cluster,
+                dispatcher: legacy::convert(dispatcher, tfdata),
+                runs,
+                quota,
             },
         }
     }
@@ -369,7 +418,7 @@ mod tests {
             kv: &'a crate::state::KvStore,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
-            dispatcher: &'a crate::dispatcher::DispatcherState,
+            dispatcher: &'a LegacyDispatcher,
         }
         let mut b = body();
         let mut changes = Vec::new();
@@ -391,7 +440,7 @@ mod tests {
                 kv: &s.kv,
                 sessions: &s.sessions,
                 cluster: &s.cluster,
-                dispatcher: &s.dispatcher,
+                dispatcher: &LegacyDispatcher::default(),
             },
         )
         .expect("encode");
@@ -424,7 +473,7 @@ mod tests {
             kv: &'a crate::state::KvStore,
             sessions: &'a crate::state::SessionTable,
             cluster: Option<ClusterV2<'a>>,
-            dispatcher: &'a crate::dispatcher::DispatcherState,
+            dispatcher: &'a LegacyDispatcher,
             runs: &'a JobRuns,
         }
         let mut b = body();
@@ -459,7 +508,7 @@ mod tests {
                     alive: &c.alive,
                     task_version: c.task_version,
                 }),
-                dispatcher: &s.dispatcher,
+                dispatcher: &LegacyDispatcher::default(),
                 runs: &s.runs,
             },
         )
@@ -498,9 +547,9 @@ mod tests {
             kv: &'a crate::state::KvStore,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
-            dispatcher: &'a crate::dispatcher::DispatcherState,
+            dispatcher: &'a LegacyDispatcher,
             runs: &'a crate::state::JobRuns,
-            tfdata: &'a crate::tfdata::TfDataState,
+            tfdata: &'a LegacyTfData,
         }
         let mut b = body();
         let ops = (0..20)
@@ -524,9 +573,9 @@ mod tests {
                 kv: &s.kv,
                 sessions: &s.sessions,
                 cluster: &s.cluster,
-                dispatcher: &s.dispatcher,
+                dispatcher: &LegacyDispatcher::default(),
                 runs: &s.runs,
-                tfdata: &s.tfdata,
+                tfdata: &LegacyTfData::default(),
             },
         )
         .expect("encode");
@@ -546,7 +595,7 @@ mod tests {
             kv: &'a crate::state::KvStore,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
-            dispatcher: &'a crate::dispatcher::DispatcherState,
+            dispatcher: &'a LegacyDispatcher,
             runs: &'a JobRuns,
         }
         let mut b = body();
@@ -577,14 +626,17 @@ mod tests {
                 kv: &s.kv,
                 sessions: &s.sessions,
                 cluster: &s.cluster,
-                dispatcher: &s.dispatcher,
+                dispatcher: &LegacyDispatcher::default(),
                 runs: &s.runs,
             },
         )
         .expect("encode");
         let read = decode(&files::frame(MAGIC, 3, &v3), "v3").expect("a format-3 snapshot reads");
         assert_eq!(read.state, without_quota(&b.state));
-        assert_eq!(read.state.tfdata, crate::tfdata::TfDataState::default());
+        assert_eq!(
+            read.state.dispatcher,
+            crate::dispatcher::DispatcherState::default()
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `coord.dispatcher.Dispatcher`: every call runs on the leader (a follower forwards it); updates
 //! carry the client's request id, so a retry after a leader change applies once (a GetSplit
 //! retried gets the split it was first given, never a second one). Its operator views (jobs,
-//! workers, journal) show TensorFlow's tf.data dispatcher too.
+//! workers, journal) show the whole dispatcher, TensorFlow's iterations and workers included.
 
 use std::sync::Arc;
 
@@ -12,34 +12,21 @@ use coord_raft_store::storage::LogStore;
 use tonic::{Request, Response, Status};
 
 use crate::raft::peers::PeerChannel;
-use crate::serve::dispatcher::DispatchCore;
+use crate::serve::dispatcher::DispatcherCore;
 use crate::serve::route::{Kind, Router};
-use crate::serve::tfdata::TfDataCore;
 
 /// The most splits of TensorFlow's dispatcher one lease takes.
 const MAX_SPLITS_PER_LEASE: u64 = 1024;
 
 pub struct DispatcherService {
     router: Arc<Router>,
-    core: Arc<DispatchCore>,
-    /// TensorFlow's dispatcher: its iterations and workers are listed beside coord's.
-    tfdata: Arc<TfDataCore>,
+    core: Arc<DispatcherCore>,
     log: LogStore,
 }
 
 impl DispatcherService {
-    pub fn new(
-        router: Arc<Router>,
-        core: Arc<DispatchCore>,
-        tfdata: Arc<TfDataCore>,
-        log: LogStore,
-    ) -> Self {
-        Self {
-            router,
-            core,
-            tfdata,
-            log,
-        }
+    pub fn new(router: Arc<Router>, core: Arc<DispatcherCore>, log: LogStore) -> Self {
+        Self { router, core, log }
     }
 }
 
@@ -61,7 +48,7 @@ impl Dispatcher for DispatcherService {
                 "dispatcher/GetOrRegisterDataset",
                 Kind::Write,
                 req,
-                |m, id| core.register_dataset(id, m.dataset),
+                |m, id| core.register_definition(id, m.dataset),
                 |ch, r| async move { client(ch).get_or_register_dataset(r).await },
             )
             .await
@@ -79,7 +66,7 @@ impl Dispatcher for DispatcherService {
                 req,
                 |m, _| async move {
                     Ok(pb::GetDatasetDefResponse {
-                        dataset: Some(core.dataset_def(m.dataset_id).await?),
+                        dataset: Some(core.definition(m.dataset_id).await?),
                     })
                 },
                 |ch, r| async move { client(ch).get_dataset_def(r).await },
@@ -97,7 +84,7 @@ impl Dispatcher for DispatcherService {
                 "dispatcher/GetOrCreateJob",
                 Kind::Write,
                 req,
-                |m, id| core.get_or_create_job(id, m),
+                |m, id| core.join_job(id, m),
                 |ch, r| async move { client(ch).get_or_create_job(r).await },
             )
             .await
@@ -114,7 +101,7 @@ impl Dispatcher for DispatcherService {
                 Kind::Write,
                 req,
                 |m, id| async move {
-                    core.release_client(id, m.client_id).await?;
+                    core.release_job_client(id, m.client_id).await?;
                     Ok(pb::ReleaseJobClientResponse {})
                 },
                 |ch, r| async move { client(ch).release_job_client(r).await },
@@ -132,7 +119,7 @@ impl Dispatcher for DispatcherService {
                 "dispatcher/ClientHeartbeat",
                 Kind::Write,
                 req,
-                |m, id| core.client_heartbeat(id, m),
+                |m, id| core.job_client_heartbeat(id, m),
                 |ch, r| async move { client(ch).client_heartbeat(r).await },
             )
             .await
@@ -148,7 +135,7 @@ impl Dispatcher for DispatcherService {
                 "dispatcher/WorkerHeartbeat",
                 Kind::Write,
                 req,
-                |m, id| core.worker_heartbeat(id, m),
+                |m, id| core.data_worker_heartbeat(id, m),
                 |ch, r| async move { client(ch).worker_heartbeat(r).await },
             )
             .await
@@ -165,7 +152,7 @@ impl Dispatcher for DispatcherService {
                 Kind::Write,
                 req,
                 |m, id| async move {
-                    core.worker_update(id, m).await?;
+                    core.report_delivery(id, m).await?;
                     Ok(pb::WorkerUpdateResponse {})
                 },
                 |ch, r| async move { client(ch).worker_update(r).await },
@@ -183,7 +170,7 @@ impl Dispatcher for DispatcherService {
                 "dispatcher/GetSplit",
                 Kind::Write,
                 req,
-                |m, id| core.get_split(id, m),
+                |m, id| core.lease_splits(id, m),
                 |ch, r| async move { client(ch).get_split(r).await },
             )
             .await
@@ -194,17 +181,12 @@ impl Dispatcher for DispatcherService {
         req: Request<pb::GetWorkersRequest>,
     ) -> Result<Response<pb::GetWorkersResponse>, Status> {
         let core = &*self.core;
-        let tfdata = &*self.tfdata;
         self.router
             .route(
                 "dispatcher/GetWorkers",
                 Kind::Read,
                 req,
-                |_, _| async move {
-                    let mut reply = core.workers().await?;
-                    reply.tf_workers = tfdata.worker_rows().await?;
-                    Ok(reply)
-                },
+                |_, _| core.worker_rows(),
                 |ch, r| async move { client(ch).get_workers(r).await },
             )
             .await
@@ -215,18 +197,12 @@ impl Dispatcher for DispatcherService {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let core = &*self.core;
-        let tfdata = &*self.tfdata;
         self.router
             .route(
                 "dispatcher/ListJobs",
                 Kind::Read,
                 req,
-                |_, _| async move {
-                    let mut reply = core.jobs().await?;
-                    (reply.tf_iterations, reply.tf_applied_updates) =
-                        tfdata.iteration_rows().await?;
-                    Ok(reply)
-                },
+                |_, _| core.job_rows(),
                 |ch, r| async move { client(ch).list_jobs(r).await },
             )
             .await
@@ -252,7 +228,7 @@ impl Dispatcher for DispatcherService {
         &self,
         req: Request<pb::TfGetSplitsRequest>,
     ) -> Result<Response<pb::TfGetSplitsResponse>, Status> {
-        let tfdata = &*self.tfdata;
+        let core = &*self.core;
         self.router
             .route(
                 // TF's GetSplit, leased by coord-proxy: held through elections as TF's are.
@@ -260,13 +236,13 @@ impl Dispatcher for DispatcherService {
                 Kind::Write,
                 req,
                 |m, id| async move {
-                    let at = crate::serve::tfdata::splits::SplitRequest {
+                    let at = crate::serve::dispatcher::tf::splits::SplitRequest {
                         iteration: m.iteration_id,
                         repetition: m.repetition,
                         provider: m.split_provider_index,
                     };
                     Ok(pb::TfGetSplitsResponse {
-                        splits: tfdata
+                        splits: core
                             .get_splits(id, at, m.max_splits.clamp(1, MAX_SPLITS_PER_LEASE))
                             .await?,
                     })

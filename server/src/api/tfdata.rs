@@ -16,16 +16,17 @@ use coord_proto::tensorflow::data::dispatcher_service_server::DispatcherService;
 use tonic::{Request, Response, Status};
 
 use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
+use crate::serve::dispatcher::tf::DATA_SERVICE_VERSION;
+use crate::serve::dispatcher::DispatcherCore;
 use crate::serve::route::{Kind, Router};
-use crate::serve::tfdata::{TfDataCore, DATA_SERVICE_VERSION};
 
 pub struct TfDataService {
     router: Arc<Router>,
-    core: Arc<TfDataCore>,
+    core: Arc<DispatcherCore>,
 }
 
 impl TfDataService {
-    pub fn new(router: Arc<Router>, core: Arc<TfDataCore>) -> Self {
+    pub fn new(router: Arc<Router>, core: Arc<DispatcherCore>) -> Self {
         Self { router, core }
     }
 }

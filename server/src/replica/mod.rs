@@ -54,9 +54,8 @@ pub struct Replica {
     pub router: Arc<Router>,
     pub kv: Arc<KvCore>,
     pub coord: Arc<crate::serve::coordination::CoordCore>,
-    pub dispatcher: Arc<crate::serve::dispatcher::DispatchCore>,
-    /// TensorFlow's tf.data dispatcher (`tensorflow.data.DispatcherService`).
-    pub tfdata: Arc<crate::serve::tfdata::TfDataCore>,
+    /// The tf.data dispatcher, behind both of its surfaces.
+    pub dispatcher: Arc<crate::serve::dispatcher::DispatcherCore>,
     /// The Raft log, read back for the dispatcher's journal.
     log: LogStore,
     pub leader: LeaderWatch,
@@ -214,28 +213,17 @@ impl Replica {
             heartbeats: heartbeats.clone(),
             devices: std::sync::Mutex::new(None),
         });
-        let dispatcher = Arc::new(crate::serve::dispatcher::DispatchCore {
-            proposer: proposer.clone(),
-            read_index: read_index.clone(),
-            reader: reader.clone(),
-            memory: Arc::default(),
-            config: crate::serve::dispatcher::DispatchConfig::from_args(&args),
-        });
-        tasks.spawn(
-            "dispatcher-timers",
-            crate::serve::dispatcher::timers::run(dispatcher.clone(), leader.clone()),
-        );
-        let tfdata = Arc::new(crate::serve::tfdata::TfDataCore {
+        let dispatcher = Arc::new(crate::serve::dispatcher::DispatcherCore {
             proposer: proposer.clone(),
             read_index: read_index.clone(),
             reader: reader.clone(),
             memory: Arc::default(),
             push: Default::default(),
-            config: crate::serve::tfdata::TfDataConfig::from_args(&args),
+            config: crate::serve::dispatcher::DispatcherConfig::from_args(&args),
         });
         tasks.spawn(
-            "tfdata-timers",
-            crate::serve::tfdata::timers::run(tfdata.clone(), leader.clone()),
+            "dispatcher-timers",
+            crate::serve::dispatcher::timers::run(dispatcher.clone(), leader.clone()),
         );
         tasks.spawn(
             "quota",
@@ -295,7 +283,6 @@ impl Replica {
             kv,
             coord,
             dispatcher,
-            tfdata,
             log: journal_log,
             leader: leader.clone(),
             hub,
@@ -392,14 +379,16 @@ impl Replica {
         let dispatcher = DispatcherServer::new(crate::api::dispatcher::DispatcherService::new(
             this.router.clone(),
             this.dispatcher.clone(),
-            this.tfdata.clone(),
             this.log.clone(),
         ))
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let tfdata =
             coord_proto::tensorflow::data::dispatcher_service_server::DispatcherServiceServer::new(
-                crate::api::tfdata::TfDataService::new(this.router.clone(), this.tfdata.clone()),
+                crate::api::tfdata::TfDataService::new(
+                    this.router.clone(),
+                    this.dispatcher.clone(),
+                ),
             )
             .max_decoding_message_size(PEER_MESSAGE_LIMIT)
             .max_encoding_message_size(PEER_MESSAGE_LIMIT)

@@ -2,8 +2,8 @@
 //!
 //! - [`route`]: runs every call on the leader: locally, or forwarded from a follower, and driven
 //!   again, with the same request id, when leadership moves.
-//! - [`kv`], [`coordination`], [`dispatcher`]: the semantics, written once for every surface;
-//!   [`tfdata`]: TensorFlow's own tf.data dispatcher.
+//! - [`kv`], [`coordination`], [`dispatcher`]: the semantics, written once for every surface
+//!   (the dispatcher's two surfaces, TensorFlow's and coord's, are thin adapters inside it).
 //! - [`proposer`]: writes batched into Raft entries; [`read_index`]: linearizable reads, batched.
 //! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
 //!   key changes in the [`watch_hub`].
@@ -23,5 +23,4 @@ pub mod proposer;
 pub mod quota;
 pub mod read_index;
 pub mod route;
-pub mod tfdata;
 pub mod watch_hub;

@@ -279,7 +279,6 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
     );
     r.reader.read(|a| {
         crate::serve::dispatcher::metrics::write(&mut out, &a.state.dispatcher);
-        crate::serve::tfdata::metrics::write(&mut out, &a.state.tfdata);
     });
     let keys = r.reader.read(|a| a.state.kv.len());
     gauge(

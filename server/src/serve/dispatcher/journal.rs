@@ -1,6 +1,7 @@
-//! The dispatcher's journal, read back from the Raft log: one line per dispatcher update (coord's
-//! dispatcher's and TensorFlow's), with the entry's index, term and the leader's clock. Entries compacted into a snapshot are gone
-//! from the log (the snapshot holds their effect), so the journal starts at the first entry kept.
+//! The dispatcher's journal, read back from the Raft log: one line per dispatcher update (from
+//! either surface: TensorFlow's RPCs read `tfdata.<rpc>`), with the entry's index, term and the
+//! leader's clock. Entries compacted into a snapshot are gone from the log (the snapshot holds
+//! their effect), so the journal starts at the first entry kept.
 
 use coord_proto::coord::dispatcher as pb;
 use coord_raft_store::storage::LogStore;
@@ -43,8 +44,8 @@ pub async fn read(
             };
             for c in &p.commands {
                 let update = match &c.op {
-                    Op::Dispatch(op) => op.to_string(),
-                    Op::TfData(op) => format!("tfdata.{op}"),
+                    Op::Dispatcher(op) => op.to_string(),
+                    Op::LegacyDispatch(op) => op.to_string(),
                     _ => continue,
                 };
                 entries.push(pb::JournalEntry {

@@ -1,10 +1,16 @@
-//! The dispatcher's leader memory: when each worker and client was last heard from, and the
-//! latest round each round-robin job reported. Never journaled (TF does not journal them
-//! either); a new leader starts empty and grants everyone a full timeout from its first moment.
+//! What TensorFlow's dispatcher keeps in memory, kept in the leader's: when each worker and
+//! client was last heard from, the latest round each round-robin client reported, and
+//! consumers' pending requests to remove a task. Never journaled (TF does not journal them
+//! either); a new leader starts empty and grants every worker and client a full timeout from its
+//! first moment, as TF does after a restart.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use coord_raft_store::dispatcher::DispatcherState;
+
+use super::remover::TaskRemover;
 
 #[derive(Default)]
 pub struct Memory {
@@ -13,14 +19,19 @@ pub struct Memory {
 
 #[derive(Default)]
 struct Inner {
-    workers: HashMap<String, (u64, Instant)>,
-    clients: HashMap<u64, Instant>,
-    rounds: HashMap<u64, i64>,
+    /// When each client was last heard from; `None` from TensorFlow's GetOrCreateIteration until
+    /// its first heartbeat (TF does not release a client before it starts reading).
+    clients: HashMap<i64, Option<Instant>>,
+    /// The latest round each round-robin client reported (TF's `round_robin_rounds_`).
+    rounds: HashMap<i64, i64>,
+    workers: HashMap<String, Instant>,
+    removers: HashMap<i64, Arc<TaskRemover>>,
     /// When this replica's leadership began.
     since: Option<Instant>,
-    /// Timeouts proposed and not yet seen applied, so each is proposed once.
-    proposed_workers: HashSet<(String, u64)>,
-    proposed_clients: HashSet<u64>,
+    /// Releases proposed and not yet seen applied, so each is proposed once.
+    proposed_releases: HashSet<i64>,
+    /// Workers (address, registration) declared lost and not yet seen applied, likewise.
+    proposed_lost: HashSet<(String, u64)>,
 }
 
 impl Memory {
@@ -28,38 +39,65 @@ impl Memory {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn worker_heard(&self, address: &str, id: u64) {
-        self.lock()
-            .workers
-            .insert(address.to_string(), (id, Instant::now()));
+    /// A client was just made that is not released before its first heartbeat (TensorFlow's).
+    pub fn client_acquired(&self, client: i64) {
+        self.lock().clients.insert(client, None);
     }
 
-    pub fn client_heard(&self, client: u64) {
-        self.lock().clients.insert(client, Instant::now());
+    /// A client heartbeat (or a coord client's making), with the round it reads now if it reads
+    /// round-robin. Returns the latest round heard from it.
+    pub fn client_heard(&self, client: i64, current_round: Option<i64>) -> i64 {
+        let mut g = self.lock();
+        g.clients.insert(client, Some(Instant::now()));
+        let r = g.rounds.entry(client).or_insert(0);
+        if let Some(c) = current_round {
+            *r = (*r).max(c);
+        }
+        *r
     }
 
-    pub fn forget_client(&self, client: u64) {
+    pub fn forget_client(&self, client: i64) {
         let mut g = self.lock();
         g.clients.remove(&client);
-        g.proposed_clients.remove(&client);
+        g.rounds.remove(&client);
+        g.proposed_releases.remove(&client);
     }
 
-    pub fn round_reported(&self, job: u64, round: i64) {
-        let mut g = self.lock();
-        let r = g.rounds.entry(job).or_insert(round);
-        *r = (*r).max(round);
+    pub fn worker_heard(&self, address: &str) {
+        self.lock()
+            .workers
+            .insert(address.to_string(), Instant::now());
     }
 
-    pub fn rounds(&self) -> BTreeMap<u64, i64> {
-        self.lock().rounds.iter().map(|(j, r)| (*j, *r)).collect()
+    /// Milliseconds since this leader last heard from the worker.
+    pub fn worker_silence_ms(&self, address: &str) -> Option<u64> {
+        self.lock()
+            .workers
+            .get(address)
+            .map(|at| u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// Milliseconds since the worker (registration `id`) was heard from by this leader.
-    pub fn worker_silence_ms(&self, address: &str, id: u64) -> Option<u64> {
-        match self.lock().workers.get(address) {
-            Some((w, at)) if *w == id => Some(at.elapsed().as_millis() as u64),
-            _ => None,
+    /// The latest round read by the clients of each iteration: where a task added to a
+    /// round-robin iteration starts (one round later).
+    pub fn iteration_rounds(&self, s: &DispatcherState) -> BTreeMap<i64, i64> {
+        let g = self.lock();
+        let mut out = BTreeMap::new();
+        for (client, iteration) in &s.clients {
+            if let Some(r) = g.rounds.get(client) {
+                let e = out.entry(*iteration).or_insert(*r);
+                *e = (*e).max(*r);
+            }
         }
+        out
+    }
+
+    /// The agreement of consumers to remove `task`, made on first use.
+    pub fn remover(&self, task: i64, consumers: i64) -> Arc<TaskRemover> {
+        self.lock()
+            .removers
+            .entry(task)
+            .or_insert_with(|| Arc::new(TaskRemover::new(consumers)))
+            .clone()
     }
 
     /// Forgets everything: this replica just became leader.
@@ -73,46 +111,49 @@ impl Memory {
         self.lock().since = None;
     }
 
-    /// Live workers silent past `timeout`, each returned once.
-    pub fn overdue_workers(&self, live: &[(String, u64)], timeout: Duration) -> Vec<(String, u64)> {
+    /// Of `present` workers (address, registration, its timeout), those silent past their
+    /// timeout, each returned once.
+    pub fn overdue_workers(&self, present: &[(String, u64, Duration)]) -> Vec<(String, u64)> {
         let now = Instant::now();
         let mut g = self.lock();
         let Some(since) = g.since else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for (address, id) in live {
-            let heard = match g.workers.get(address) {
-                Some((w, at)) if w == id => (*at).max(since),
-                _ => since,
-            };
-            if now.saturating_duration_since(heard) > timeout
-                && g.proposed_workers.insert((address.clone(), *id))
+        for (w, registration, timeout) in present {
+            let heard = g.workers.get(w).map_or(since, |at| (*at).max(since));
+            let key = (w.clone(), *registration);
+            if now.saturating_duration_since(heard) > *timeout
+                && g.proposed_lost.insert(key.clone())
             {
-                out.push((address.clone(), *id));
+                out.push(key);
             }
         }
-        let live: HashSet<&(String, u64)> = live.iter().collect();
-        g.proposed_workers.retain(|w| live.contains(w));
+        let present: HashSet<(&String, u64)> = present.iter().map(|(w, r, _)| (w, *r)).collect();
+        g.proposed_lost.retain(|(w, r)| present.contains(&(w, *r)));
         out
     }
 
-    /// Clients silent past `timeout`, each returned once.
-    pub fn overdue_clients(&self, clients: &[u64], timeout: Duration) -> Vec<u64> {
+    /// Of `active` clients, those silent past `timeout`, each returned once.
+    pub fn overdue_clients(&self, active: &[i64], timeout: Duration) -> Vec<i64> {
         let now = Instant::now();
         let mut g = self.lock();
         let Some(since) = g.since else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for c in clients {
-            let heard = g.clients.get(c).map_or(since, |at| (*at).max(since));
-            if now.saturating_duration_since(heard) > timeout && g.proposed_clients.insert(*c) {
+        for c in active {
+            let heard = match g.clients.get(c) {
+                Some(None) => continue,
+                Some(Some(at)) => (*at).max(since),
+                None => since,
+            };
+            if now.saturating_duration_since(heard) > timeout && g.proposed_releases.insert(*c) {
                 out.push(*c);
             }
         }
-        let live: HashSet<&u64> = clients.iter().collect();
-        g.proposed_clients.retain(|c| live.contains(c));
+        let active: HashSet<&i64> = active.iter().collect();
+        g.proposed_releases.retain(|c| active.contains(c));
         out
     }
 }
@@ -122,27 +163,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_new_leader_grants_grace_and_judges_once() {
+    fn a_new_leader_grants_grace_and_releases_once() {
         let m = Memory::default();
-        let live = vec![("w:1".to_string(), 3)];
         assert!(
-            m.overdue_workers(&live, Duration::ZERO).is_empty(),
+            m.overdue_clients(&[1], Duration::ZERO).is_empty(),
             "not leading"
         );
         m.start_leading();
-        assert!(m.overdue_workers(&live, Duration::from_secs(60)).is_empty());
-        std::thread::sleep(Duration::from_millis(3));
-        assert_eq!(m.overdue_workers(&live, Duration::from_millis(1)), live);
+        m.client_acquired(2);
         assert!(m
-            .overdue_workers(&live, Duration::from_millis(1))
+            .overdue_clients(&[1, 2], Duration::from_secs(60))
             .is_empty());
-        // A heartbeat from another registration of the address does not count.
-        m.worker_heard("w:1", 4);
         std::thread::sleep(Duration::from_millis(3));
-        let again = vec![("w:1".to_string(), 4)];
+        // Client 2 never heartbeated: never released.
+        assert_eq!(
+            m.overdue_clients(&[1, 2], Duration::from_millis(1)),
+            vec![1]
+        );
         assert!(m
-            .overdue_workers(&again, Duration::from_secs(60))
+            .overdue_clients(&[1, 2], Duration::from_millis(1))
             .is_empty());
-        assert_eq!(m.overdue_clients(&[9], Duration::from_millis(1)), vec![9]);
+        m.client_heard(2, Some(4));
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(m.overdue_clients(&[2], Duration::from_millis(1)), vec![2]);
+    }
+
+    #[test]
+    fn a_silent_worker_is_lost_once_per_registration() {
+        let m = Memory::default();
+        let at = |r, ms| vec![("w:1".to_string(), r, Duration::from_millis(ms))];
+        assert!(m.overdue_workers(&at(3, 0)).is_empty(), "not leading");
+        m.start_leading();
+        assert!(m.overdue_workers(&at(3, 60_000)).is_empty());
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(m.overdue_workers(&at(3, 1)), vec![("w:1".to_string(), 3)]);
+        assert!(m.overdue_workers(&at(3, 1)).is_empty());
+        // Its next registration is judged afresh once heard from.
+        m.worker_heard("w:1");
+        assert!(m.overdue_workers(&at(4, 60_000)).is_empty());
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(m.overdue_workers(&at(4, 1)), vec![("w:1".to_string(), 4)]);
+    }
+
+    #[test]
+    fn rounds_are_the_latest_a_client_reported() {
+        let m = Memory::default();
+        assert_eq!(m.client_heard(7, Some(5)), 5);
+        assert_eq!(m.client_heard(7, Some(3)), 5);
+        assert_eq!(m.client_heard(7, None), 5);
+        let mut s = DispatcherState::default();
+        s.clients.insert(7, 2000);
+        s.clients.insert(8, 2000);
+        m.client_heard(8, Some(9));
+        assert_eq!(m.iteration_rounds(&s), [(2000, 9)].into_iter().collect());
     }
 }

@@ -1,38 +1,45 @@
-//! The dispatcher's part of `/metrics`: jobs, workers, splits and journal updates, from this
-//! replica's applied state (every replica reports the same numbers once caught up).
+//! The dispatcher's part of `/metrics`, from this replica's applied state (every replica reports
+//! the same numbers once caught up): `coord_dispatcher_*` counts the whole dispatcher, both
+//! surfaces together; `coord_tfdata_*` the part of it TensorFlow's surface serves (iterations of
+//! TensorFlow's graphs, TensorFlow's workers).
 
 use std::fmt::Write;
 
-use coord_raft_store::dispatcher::{DispatcherState, Mode};
+use coord_raft_store::dispatcher::DispatcherState;
 
 use crate::ops::metrics::{counter, header};
 
+fn gauge_pair(out: &mut String, name: &str, help: &str, labels: [(&str, usize); 2]) {
+    header(out, name, "gauge", help);
+    for (state, n) in labels {
+        let _ = writeln!(out, "{name}{{state=\"{state}\"}} {n}");
+    }
+}
+
 pub fn write(out: &mut String, s: &DispatcherState) {
-    let finished = s.jobs.values().filter(|j| j.finished).count();
-    header(
+    let finished = s.iterations.values().filter(|it| it.finished).count();
+    gauge_pair(
         out,
         "coord_dispatcher_jobs",
-        "gauge",
-        "tf.data jobs by state.",
+        "tf.data iterations (a job's repetitions; a coord job is one) by state.",
+        [
+            ("active", s.iterations.len() - finished),
+            ("finished", finished),
+        ],
     );
-    let _ = writeln!(
-        out,
-        "coord_dispatcher_jobs{{state=\"active\"}} {}\ncoord_dispatcher_jobs{{state=\"finished\"}} {finished}",
-        s.jobs.len() - finished
-    );
-    let alive = s.workers.values().filter(|w| w.alive).count();
-    header(
+    let lost = s.workers.values().filter(|w| w.lost).count();
+    gauge_pair(
         out,
         "coord_dispatcher_workers",
-        "gauge",
-        "Data workers by state.",
+        "Data workers by state (dead: silent past their worker timeout).",
+        [("alive", s.workers.len() - lost), ("dead", lost)],
     );
-    let _ = writeln!(
-        out,
-        "coord_dispatcher_workers{{state=\"alive\"}} {alive}\ncoord_dispatcher_workers{{state=\"dead\"}} {}",
-        s.workers.len() - alive
-    );
-    let dynamic = || s.jobs.values().filter(|j| j.mode == Mode::Dynamic);
+    let leases = || {
+        s.iterations
+            .values()
+            .flat_map(|it| it.providers.iter().flatten())
+            .filter_map(|p| p.leases.as_ref())
+    };
     header(
         out,
         "coord_dispatcher_splits_total",
@@ -42,9 +49,9 @@ pub fn write(out: &mut String, s: &DispatcherState) {
     let _ = writeln!(
         out,
         "coord_dispatcher_splits_total{{kind=\"handed_out\"}} {}\ncoord_dispatcher_splits_total{{kind=\"delivered\"}} {}\ncoord_dispatcher_splits_total{{kind=\"reissued\"}} {}",
-        dynamic().map(|j| j.splits.next).sum::<u64>(),
-        dynamic().map(|j| j.splits.delivered).sum::<u64>(),
-        dynamic().map(|j| j.splits.reissued).sum::<u64>(),
+        s.splits_handed_out,
+        leases().map(|l| l.delivered).sum::<u64>(),
+        leases().map(|l| l.reissued).sum::<u64>(),
     );
     header(
         out,
@@ -55,12 +62,52 @@ pub fn write(out: &mut String, s: &DispatcherState) {
     let _ = writeln!(
         out,
         "coord_dispatcher_leased_splits {}",
-        dynamic().map(|j| j.splits.leased.len()).sum::<usize>()
+        leases().map(|l| l.leased.len()).sum::<usize>()
     );
     counter(
         out,
         "coord_dispatcher_updates_total",
         "Dispatcher updates applied (journal entries that changed the state).",
         s.updates,
+    );
+    write_tensorflow_part(out, s);
+}
+
+fn write_tensorflow_part(out: &mut String, s: &DispatcherState) {
+    let iterations: Vec<_> = s
+        .iterations
+        .values()
+        .filter(|it| !s.reads_definition(it))
+        .collect();
+    let finished = iterations.iter().filter(|it| it.finished).count();
+    gauge_pair(
+        out,
+        "coord_tfdata_iterations",
+        "TensorFlow tf.data iterations (job repetitions) by state.",
+        [
+            ("active", iterations.len() - finished),
+            ("finished", finished),
+        ],
+    );
+    let workers: Vec<_> = s.workers.values().filter(|w| !w.reports_delivery).collect();
+    let lost = workers.iter().filter(|w| w.lost).count();
+    gauge_pair(
+        out,
+        "coord_tfdata_workers",
+        "TensorFlow tf.data workers: present, or lost (silent past the worker timeout).",
+        [("present", workers.len() - lost), ("lost", lost)],
+    );
+    let to_definitions: u64 = s
+        .iterations
+        .values()
+        .flat_map(|it| it.providers.iter().flatten())
+        .filter(|p| p.leases.is_some())
+        .map(|p| p.index)
+        .sum();
+    counter(
+        out,
+        "coord_tfdata_splits_total",
+        "DYNAMIC splits handed out to TensorFlow's workers.",
+        s.splits_handed_out.saturating_sub(to_definitions),
     );
 }

@@ -1,24 +1,36 @@
-//! While this replica leads: declares silent workers dead, releases silent clients and collects
-//! jobs left without clients. Each decision is a committed update, so every replica agrees on
-//! it; a new leader judges afresh after a full timeout of grace.
+//! While this replica leads: declares silent workers lost, releases silent clients and collects
+//! iterations left without clients (TensorFlow's maintenance thread). Each decision is a
+//! committed op, so every replica agrees on it; a new leader judges afresh after a full timeout
+//! of grace, as TF does after a restart.
+//!
+//! A worker's timeout is its kind's: a coord data worker silent past `--dispatcher-worker-
+//! timeout-ms` is dead and its leased splits go out again; a TensorFlow worker silent past
+//! `--tfdata-worker-timeout-ms` gets no task of new iterations until it is back (TensorFlow
+//! forgets only its heartbeat time; an ensemble outlives the jobs whose workers are gone).
+//! DYNAMIC iterations are never collected, as in TF (`gc_dynamic_sharding_jobs` is off): their
+//! visitation guarantee would not survive being made again.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_raft_store::dispatcher::{DispatchOp, Mode};
+use coord_raft_store::dispatcher::{sharding, DispatcherOp, DispatcherState};
 use coord_raft_store::Op;
 
-use super::DispatchCore;
+use super::{now_micros, DispatcherCore};
 use crate::raft::leader::{LeaderWatch, Leadership};
-use crate::serve::proposer::now_ms;
 
-fn propose(core: &Arc<DispatchCore>, op: DispatchOp) {
-    core.proposer.propose_decision(Op::Dispatch(op));
+fn propose(core: &DispatcherCore, op: DispatcherOp) {
+    core.proposer.propose_decision(Op::Dispatcher(op));
 }
 
-pub async fn run(core: Arc<DispatchCore>, leader: LeaderWatch) {
-    let cfg = core.config;
-    let every = Duration::from_millis((cfg.worker_timeout_ms / 4).clamp(20, 1000));
+pub async fn run(core: Arc<DispatcherCore>, leader: LeaderWatch) {
+    let cfg = &core.config;
+    let shortest = cfg
+        .client_timeout_ms
+        .min(cfg.data_worker_timeout_ms)
+        .min(cfg.tf_worker_timeout_ms);
+    let every = Duration::from_millis((shortest / 4).clamp(20, 1000));
     let mut leading = false;
     loop {
         let now_leading = leader.current() == Leadership::Me;
@@ -29,55 +41,121 @@ pub async fn run(core: Arc<DispatchCore>, leader: LeaderWatch) {
         }
         leading = now_leading;
         if leading {
-            judge(&core, now_ms());
+            judge(&core);
         }
         tokio::time::sleep(every).await;
     }
 }
 
-fn judge(core: &Arc<DispatchCore>, now_ms: u64) {
-    let cfg = core.config;
-    let (live, clients, idle): (Vec<(String, u64)>, Vec<u64>, Vec<u64>) = core.reader.read(|a| {
-        let s = &a.state.dispatcher;
-        let live = s
-            .workers
-            .iter()
-            .filter(|(_, w)| w.alive)
-            .map(|(a, w)| (a.clone(), w.id))
-            .collect();
-        let clients = s.clients.keys().copied().collect();
-        // DYNAMIC jobs are never collected (as in TF): their split position would be lost.
-        let idle = s
-            .jobs
-            .values()
-            .filter(|j| !j.finished && j.mode != Mode::Dynamic && j.clients.is_empty())
-            .filter(|j| {
-                j.idle_since_ms
-                    .is_some_and(|t| now_ms.saturating_sub(t) > cfg.job_gc_timeout_ms)
-            })
-            .map(|j| j.id)
-            .collect();
-        (live, clients, idle)
-    });
-    for (address, worker_id) in core
-        .memory
-        .overdue_workers(&live, Duration::from_millis(cfg.worker_timeout_ms))
-    {
-        tracing::warn!(worker = %address, worker_id, "data worker missed its heartbeats; declaring it dead and re-issuing its splits");
-        propose(core, DispatchOp::WorkerTimeout { address, worker_id });
+/// What the leader judges: present workers with their timeouts, clients that may time out, and
+/// iterations idle past the collection timeout.
+struct Candidates {
+    workers: Vec<(String, u64, Duration)>,
+    /// Those of `workers` that report delivery (coord's data workers).
+    delivering: HashSet<String>,
+    clients: Vec<i64>,
+    idle: Vec<(i64, bool)>,
+}
+
+fn candidates(s: &DispatcherState, cfg: &super::DispatcherConfig, now: i64) -> Candidates {
+    let gc_after = i64::try_from(cfg.job_gc_timeout_ms)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(1000);
+    let workers = s
+        .workers
+        .iter()
+        .filter(|(_, w)| !w.lost)
+        .map(|(a, w)| {
+            let ms = if w.reports_delivery {
+                cfg.data_worker_timeout_ms
+            } else {
+                cfg.tf_worker_timeout_ms
+            };
+            (a.clone(), w.registration, Duration::from_millis(ms))
+        })
+        .collect();
+    let delivering = s
+        .workers
+        .iter()
+        .filter(|(_, w)| w.reports_delivery)
+        .map(|(a, _)| a.clone())
+        .collect();
+    // TensorFlow releases the clients of unfinished iterations only; coord's clients of a
+    // finished job are released too (they hold nothing else).
+    let clients = s
+        .clients
+        .iter()
+        .filter(|(_, it)| {
+            s.iterations
+                .get(it)
+                .is_some_and(|it| !it.finished || s.reads_definition(it))
+        })
+        .map(|(c, _)| *c)
+        .collect();
+    let idle = s
+        .iterations
+        .values()
+        .filter(|it| !it.finished && it.num_clients == 0 && it.last_client_released_micros >= 0)
+        .filter(|it| {
+            s.jobs
+                .get(&it.job)
+                .is_some_and(|j| j.sharding != sharding::DYNAMIC)
+        })
+        .filter(|it| now > it.last_client_released_micros.saturating_add(gc_after))
+        .map(|it| (it.id, s.reads_definition(it)))
+        .collect();
+    Candidates {
+        workers,
+        delivering,
+        clients,
+        idle,
     }
-    for client in core
-        .memory
-        .overdue_clients(&clients, Duration::from_millis(cfg.client_timeout_ms))
-    {
-        tracing::warn!(client, "job client missed its heartbeats; releasing it");
-        propose(core, DispatchOp::ClientTimeout { client });
+}
+
+fn judge(core: &DispatcherCore) {
+    let now = now_micros();
+    let c = core.applied(|s| candidates(s, &core.config, now));
+    for (address, registration) in core.memory.overdue_workers(&c.workers) {
+        if c.delivering.contains(&address) {
+            tracing::warn!(worker = %address, registration, "data worker missed its heartbeats; declaring it dead and re-issuing its splits");
+            propose(
+                core,
+                DispatcherOp::DataWorkerTimeout {
+                    address,
+                    registration,
+                },
+            );
+        } else {
+            tracing::warn!(worker = %address, "tf.data worker missed its heartbeats; new iterations get no task on it until it is back");
+            propose(core, DispatcherOp::WorkerLost { address });
+        }
     }
-    for job in idle {
-        tracing::info!(
-            job,
-            "job had no clients for the collection timeout; collecting it"
+    let timeout = Duration::from_millis(core.config.client_timeout_ms);
+    for client in core.memory.overdue_clients(&c.clients, timeout) {
+        tracing::warn!(
+            client,
+            "dispatcher client missed its heartbeats; releasing it"
         );
-        propose(core, DispatchOp::CollectJob { job });
+        propose(
+            core,
+            DispatcherOp::ClientTimeout {
+                client,
+                time_micros: now,
+            },
+        );
+    }
+    for (iteration, definition) in c.idle {
+        tracing::info!(
+            iteration,
+            "iteration had no clients for the collection timeout; collecting it"
+        );
+        propose(
+            core,
+            if definition {
+                DispatcherOp::CollectJob { iteration }
+            } else {
+                DispatcherOp::GarbageCollectIteration { iteration }
+            },
+        );
     }
 }

@@ -2,14 +2,15 @@
 //! ReleaseIterationClient, and MaybeRemoveTask, by which round-robin consumers retire a task.
 
 use coord_proto::tensorflow::data as pb;
+use coord_raft_store::dispatcher::{sharding, DispatcherOp, DispatcherOutput};
 use coord_raft_store::state::Code;
-use coord_raft_store::tfdata::{sharding, TfDataOp, TfDataOutput};
 use coord_raft_store::{Output, RequestId};
 
-use super::{now_micros, remover, status, unexpected, wire, TfDataCore};
+use super::{status, wire};
 use crate::error::CoordError;
+use crate::serve::dispatcher::{now_micros, remover, unexpected, DispatcherCore};
 
-impl TfDataCore {
+impl DispatcherCore {
     pub async fn get_or_create_iteration(
         &self,
         id: Option<RequestId>,
@@ -50,19 +51,19 @@ impl TfDataCore {
         } else {
             Vec::new()
         };
-        let op = TfDataOp::GetOrCreateIteration {
+        let op = DispatcherOp::GetOrCreateIteration {
             job: req.job_id,
             repetition: req.repetition,
             providers,
         };
         let (client, new_tasks) = match self.commit(id, op).await? {
-            TfDataOutput::Iteration {
+            DispatcherOutput::Iteration {
                 client, new_tasks, ..
             } => (client, new_tasks),
             other => {
                 return Err(unexpected(
                     "get_or_create_iteration",
-                    &Output::TfData(other),
+                    &Output::Dispatcher(other),
                 ))
             }
         };
@@ -86,7 +87,7 @@ impl TfDataCore {
         id: Option<RequestId>,
         client: i64,
     ) -> Result<(), CoordError> {
-        let op = TfDataOp::ReleaseClient {
+        let op = DispatcherOp::ReleaseClient {
             client,
             time_micros: now_micros(),
         };
@@ -107,35 +108,20 @@ impl TfDataCore {
         let blocked_round = req
             .optional_blocked_round
             .map(|pb::client_heartbeat_request::OptionalBlockedRound::BlockedRound(r)| r);
-        let client_round = self.memory.client_heard(client, current_round);
-        let moves_a_pending_task = self
-            .read(|s| {
-                let it = s.client_iteration(client)?;
-                if it.garbage_collected {
-                    return Err(coord_raft_store::OpError::Status {
-                        code: Code::FailedPrecondition,
-                        message: "The requested iteration has been garbage collected due to \
-                                  inactivity. Consider configuring the dispatcher with a higher \
-                                  `iteration_gc_timeout_ms`."
-                            .into(),
-                    });
-                }
-                Ok(it.pending.front().is_some_and(|p| {
-                    current_round.unwrap_or(0) >= p.target_round
-                        || (blocked_round.is_some_and(|b| b <= p.target_round)
-                            && !p.ready.contains(&client))
-                }))
-            })
-            .await??;
-        if moves_a_pending_task {
-            let op = TfDataOp::ClientHeartbeat {
-                client,
-                current_round,
-                blocked_round,
-                client_round,
-            };
-            self.commit(id, op).await?;
-        }
+        self.client_rounds(id, client, (current_round, blocked_round), |s| {
+            let it = s.client_iteration(client)?;
+            if it.garbage_collected {
+                return Err(status(
+                    Code::FailedPrecondition,
+                    "The requested iteration has been garbage collected due to inactivity. \
+                     Consider configuring the dispatcher with a higher \
+                     `iteration_gc_timeout_ms`."
+                        .into(),
+                ));
+            }
+            Ok(())
+        })
+        .await?;
         self.applied(|s| {
             let it = s.client_iteration(client)?;
             Ok(pb::ClientHeartbeatResponse {
@@ -177,7 +163,7 @@ impl TfDataCore {
             .request_removal(req.consumer_index, req.round, remover::WAIT)
             .await;
         if removed {
-            self.commit(id, TfDataOp::RemoveTask { task: req.task_id })
+            self.commit(id, DispatcherOp::RemoveTask { task: req.task_id })
                 .await?;
         }
         Ok(pb::MaybeRemoveTaskResponse { removed })

@@ -1,6 +1,7 @@
-//! TensorFlow's tf.data dispatcher (`tensorflow.data.DispatcherService`), served by the leader
-//! over the replicated state of `coord_raft_store::tfdata`: every change is one Raft command (the
-//! log is the journal), reads wait for the read index and read the applied state.
+//! TensorFlow's surface of the dispatcher (`tensorflow.data.DispatcherService`, as TensorFlow
+//! 2.21's workers and `distribute()` clients speak it): a thin adapter over the one dispatcher
+//! state, translating TensorFlow's messages into the state's ops and its records into TF's
+//! answers.
 //!
 //! Each method does what TensorFlow 2.21's `DataServiceDispatcherImpl` does for that RPC, with
 //! TF's codes and messages; what differs is said where it differs (a dataset whose splits cannot
@@ -8,122 +9,33 @@
 //!
 //! - this module: datasets and jobs; [`clients`]: iterations and their clients; [`workers`]:
 //!   worker heartbeats and updates; [`splits`]: GetSplit, and DYNAMIC split providers from the
-//!   dataset's graph.
-//! - [`memory`]: the leader's soft state (client heartbeats, rounds, task removal).
-//! - [`remover`]: consumers' agreement to remove a round-robin task.
-//! - [`wire`]: `TaskDef`s and `TaskInfo`s from the state.
-//! - [`push`]: new tasks pushed to workers (`ProcessTask`).
-//! - [`timers`]: client timeouts and iteration garbage collection.
-//! - [`report`]: iterations and workers for operators; [`metrics`]: their part of `/metrics`.
+//!   dataset's graph; [`wire`]: `TaskDef`s and `TaskInfo`s from the state.
 
 mod clients;
-pub mod memory;
-pub mod metrics;
-pub mod push;
-pub mod remover;
-mod report;
 pub mod splits;
-pub mod timers;
 pub mod wire;
 mod workers;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use coord_proto::tensorflow::data as pb;
+use coord_raft_store::dispatcher::{sharding, DatasetSource, DispatcherOp, DispatcherOutput};
 use coord_raft_store::state::Code;
-use coord_raft_store::storage::StateReader;
-use coord_raft_store::tfdata::{sharding, TfDataOp, TfDataOutput, TfDataState};
-use coord_raft_store::{Command, Op, Output, RequestId};
+use coord_raft_store::{Output, RequestId};
 use prost::Message;
 
+use super::{unexpected, DispatcherCore};
 use crate::error::CoordError;
-use crate::serve::proposer::Proposer;
-use crate::serve::read_index::ReadIndex;
-use memory::Memory;
 
 /// `kDataServiceVersion` of TensorFlow 2.21: clients refuse a dispatcher of another version.
 pub const DATA_SERVICE_VERSION: i64 = 9;
 /// The largest dataset definition accepted: it travels in the Raft log and in every TaskDef.
 pub const MAX_DATASET_BYTES: usize = 16 << 20;
 
-/// The dispatcher's settings (flags of the coordinator).
-#[derive(Clone, Debug, Default)]
-pub struct TfDataConfig {
-    /// TensorFlow's `DispatcherConfig.worker_addresses`: the fixed worker list static sharding
-    /// needs (`host:port`, or `host:%port%` for any port on that host).
-    pub worker_addresses: Vec<String>,
-    pub client_timeout_ms: u64,
-    pub iteration_gc_timeout_ms: u64,
-    /// A worker silent this long gets no task of new iterations until it heartbeats again.
-    pub worker_timeout_ms: u64,
-}
-
-impl TfDataConfig {
-    pub fn from_args(args: &crate::ops::config::Args) -> Self {
-        Self {
-            worker_addresses: args.tfdata_worker_addresses.clone(),
-            client_timeout_ms: args.dispatcher_client_timeout_ms,
-            iteration_gc_timeout_ms: args.dispatcher_job_gc_timeout_ms,
-            worker_timeout_ms: args.tfdata_worker_timeout_ms,
-        }
-    }
-}
-
-pub struct TfDataCore {
-    pub proposer: Proposer,
-    pub read_index: ReadIndex,
-    pub reader: StateReader,
-    pub memory: Arc<Memory>,
-    pub push: push::WorkerPush,
-    pub config: TfDataConfig,
-}
-
 fn status(code: Code, message: String) -> CoordError {
     CoordError::status(code, message)
 }
 
-fn unexpected(what: &str, out: &Output) -> CoordError {
-    CoordError::Internal(format!("{what} returned {out:?}"))
-}
-
-pub fn now_micros() -> i64 {
-    i64::try_from(crate::serve::proposer::now_ms())
-        .unwrap_or(i64::MAX)
-        .saturating_mul(1000)
-}
-
-impl TfDataCore {
-    async fn commit(
-        &self,
-        request: Option<RequestId>,
-        op: TfDataOp,
-    ) -> Result<TfDataOutput, CoordError> {
-        let what = op.to_string();
-        match self
-            .proposer
-            .propose(Command {
-                request,
-                op: Op::TfData(op),
-            })
-            .await??
-        {
-            Output::TfData(o) => Ok(o),
-            other => Err(unexpected(&what, &other)),
-        }
-    }
-
-    /// Reads the applied state after a linearizable read barrier.
-    async fn read<T>(&self, f: impl FnOnce(&TfDataState) -> T) -> Result<T, CoordError> {
-        self.read_index.linearize().await?;
-        Ok(self.applied(f))
-    }
-
-    /// Reads the applied state as it is (after a commit of this leader's, it includes it).
-    fn applied<T>(&self, f: impl FnOnce(&TfDataState) -> T) -> T {
-        self.reader.read(|a| f(&a.state.tfdata))
-    }
-
+impl DispatcherCore {
     pub async fn register_dataset(
         &self,
         id: Option<RequestId>,
@@ -138,7 +50,7 @@ impl TfDataCore {
             )));
         }
         let metadata = req.metadata.unwrap_or_default();
-        let op = TfDataOp::RegisterDataset {
+        let op = DispatcherOp::RegisterDataset {
             requested_id: req
                 .optional_dataset_id
                 .map(|pb::get_or_register_dataset_request::OptionalDatasetId::DatasetId(d)| d),
@@ -147,10 +59,10 @@ impl TfDataCore {
             metadata: metadata.encode_to_vec().into(),
         };
         match self.commit(id, op).await? {
-            TfDataOutput::Dataset(dataset_id) => {
+            DispatcherOutput::Dataset(dataset_id) => {
                 Ok(pb::GetOrRegisterDatasetResponse { dataset_id })
             }
-            other => Err(unexpected("register_dataset", &Output::TfData(other))),
+            other => Err(unexpected("register_dataset", &Output::Dispatcher(other))),
         }
     }
 
@@ -158,11 +70,21 @@ impl TfDataCore {
     async fn dataset_bytes(
         &self,
         dataset: &str,
-        field: fn(&coord_raft_store::tfdata::Dataset) -> &Bytes,
+        field: fn(&coord_raft_store::dispatcher::Dataset) -> &Bytes,
     ) -> Result<Bytes, CoordError> {
         self.read(|s| s.datasets.get(dataset).map(|d| field(d).clone()))
             .await?
             .ok_or_else(|| status(Code::NotFound, format!("Dataset id {dataset} not found")))
+    }
+
+    /// A dataset's graph; a coord definition has none for TensorFlow.
+    pub(super) async fn graph(&self, dataset: &str) -> Result<Bytes, CoordError> {
+        static NONE: Bytes = Bytes::new();
+        self.dataset_bytes(dataset, |d| match &d.source {
+            DatasetSource::Graph(def) => def,
+            DatasetSource::Definition { .. } => &NONE,
+        })
+        .await
     }
 
     pub async fn metadata(&self, dataset: &str) -> Result<pb::DataServiceMetadata, CoordError> {
@@ -175,7 +97,7 @@ impl TfDataCore {
     }
 
     pub async fn dataset_def(&self, dataset: &str) -> Result<pb::DatasetDef, CoordError> {
-        let bytes = self.dataset_bytes(dataset, |d| &d.def).await?;
+        let bytes = self.graph(dataset).await?;
         pb::DatasetDef::decode(bytes).map_err(|e| {
             CoordError::Internal(format!("stored dataset {dataset} does not decode: {e}"))
         })
@@ -202,7 +124,7 @@ impl TfDataCore {
                 self.dynamic_providers(&req.dataset_id).await?;
             }
         }
-        let op = TfDataOp::GetOrCreateJob {
+        let op = DispatcherOp::GetOrCreateJob {
             dataset: req.dataset_id,
             sharding: policy,
             name,
@@ -214,8 +136,8 @@ impl TfDataCore {
             cross_trainer_cache: req.use_cross_trainer_cache,
         };
         match self.commit(id, op).await? {
-            TfDataOutput::Job(job_id) => Ok(pb::GetOrCreateJobResponse { job_id }),
-            other => Err(unexpected("get_or_create_job", &Output::TfData(other))),
+            DispatcherOutput::Job(job_id) => Ok(pb::GetOrCreateJobResponse { job_id }),
+            other => Err(unexpected("get_or_create_job", &Output::Dispatcher(other))),
         }
     }
 
@@ -223,8 +145,9 @@ impl TfDataCore {
         self.read(|s| pb::GetWorkersResponse {
             workers: s
                 .workers
-                .keys()
-                .map(|address| pb::WorkerInfo {
+                .iter()
+                .filter(|(_, w)| !w.reports_delivery)
+                .map(|(address, _)| pb::WorkerInfo {
                     address: address.clone(),
                 })
                 .collect(),
@@ -248,7 +171,7 @@ impl TfDataCore {
         let known = self
             .read(|s| {
                 s.datasets.get(&req.dataset_id).map(|d| {
-                    if d.compression != coord_raft_store::tfdata::COMPRESSION_SNAPPY {
+                    if d.compression != coord_raft_store::dispatcher::COMPRESSION_SNAPPY {
                         Some(None)
                     } else {
                         d.compression_disabled.map(Some)
@@ -266,13 +189,16 @@ impl TfDataCore {
             Some(Some(decided)) => return Ok(answer(decided)),
             Some(None) => {}
         }
-        let op = TfDataOp::DisableCompression {
+        let op = DispatcherOp::DisableCompression {
             dataset: req.dataset_id,
             disable: req.disable_compression_at_runtime,
         };
         match self.commit(id, op).await? {
-            TfDataOutput::Compression(decided) => Ok(answer(decided)),
-            other => Err(unexpected("disable_compression", &Output::TfData(other))),
+            DispatcherOutput::Compression(decided) => Ok(answer(decided)),
+            other => Err(unexpected(
+                "disable_compression",
+                &Output::Dispatcher(other),
+            )),
         }
     }
 }

@@ -10,20 +10,20 @@
 use coord_proto::tensorflow::data::{self as pb, DatasetDef};
 use coord_proto::tensorflow::TensorProto;
 use coord_proto::tf_dataset::{split_sources, SplitSource};
-use coord_raft_store::tfdata::{ProviderSpec, TfDataOp, TfDataOutput, TfDataState};
+use coord_raft_store::dispatcher::{DispatcherOp, DispatcherOutput, DispatcherState, ProviderSpec};
 use coord_raft_store::{Output, RequestId};
 use prost::Message;
 
-use super::{unexpected, TfDataCore};
+use super::{unexpected, DispatcherCore};
 use crate::error::CoordError;
 
-impl TfDataCore {
+impl DispatcherCore {
     /// The split providers of dataset `dataset` under DYNAMIC sharding (see [`providers`]).
     pub(super) async fn dynamic_providers(
         &self,
         dataset: &str,
     ) -> Result<Vec<ProviderSpec>, CoordError> {
-        let def = self.dataset_bytes(dataset, |d| &d.def).await?;
+        let def = self.graph(dataset).await?;
         providers(dataset, &def)
     }
 
@@ -53,7 +53,7 @@ impl TfDataCore {
         at: SplitRequest,
         max: u64,
     ) -> Result<Vec<TensorProto>, CoordError> {
-        let provider = |s: &TfDataState| {
+        let provider = |s: &DispatcherState| {
             let p = usize::try_from(at.provider).ok()?;
             s.iterations
                 .get(&at.iteration)?
@@ -71,15 +71,15 @@ impl TfDataCore {
         {
             return Ok(Vec::new());
         }
-        let op = TfDataOp::GetSplit {
+        let op = DispatcherOp::GetSplit {
             iteration: at.iteration,
             repetition: at.repetition,
             provider: at.provider,
             max,
         };
         let (from, count) = match self.commit(id, op).await? {
-            TfDataOutput::Splits { from, count } => (from, count),
-            other => return Err(unexpected("get_split", &Output::TfData(other))),
+            DispatcherOutput::Splits { from, count } => (from, count),
+            other => return Err(unexpected("get_split", &Output::Dispatcher(other))),
         };
         if count == 0 {
             return Ok(Vec::new());

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use coord_proto::tensorflow::data::{
     self as pb, task_def, DataTransferServerInfo, ProcessingModeDef,
 };
-use coord_raft_store::tfdata::{sharding, Iteration, Task, TfDataState};
+use coord_raft_store::dispatcher::{sharding, DatasetSource, DispatcherState, Iteration, Task};
 use prost::Message;
 
 use crate::error::CoordError;
@@ -17,7 +17,7 @@ fn decode<M: Message + Default>(what: &str, bytes: &Bytes) -> Result<M, CoordErr
 
 /// The `TaskDef` of `task` for its worker: the dataset's graph inline, its processing mode, and
 /// what its mode needs (split providers, worker index, consumers).
-pub fn task_def(s: &TfDataState, task: &Task) -> Result<pb::TaskDef, CoordError> {
+pub fn task_def(s: &DispatcherState, task: &Task) -> Result<pb::TaskDef, CoordError> {
     let missing = |what: &str| CoordError::Internal(format!("task {} has no {what}", task.id));
     let it = s
         .iterations
@@ -48,10 +48,13 @@ pub fn task_def(s: &TfDataState, task: &Task) -> Result<pb::TaskDef, CoordError>
     } else {
         (0, 0)
     };
+    let DatasetSource::Graph(graph) = &dataset.source else {
+        return Err(missing("graph"));
+    };
     Ok(pb::TaskDef {
         dataset: Some(task_def::Dataset::DatasetDef(decode(
             "dataset definition",
-            &dataset.def,
+            graph,
         )?)),
         dataset_id: job.dataset.clone(),
         task_id: task.id,
@@ -74,7 +77,7 @@ pub fn task_def(s: &TfDataState, task: &Task) -> Result<pb::TaskDef, CoordError>
 }
 
 /// The tasks of `it` as its clients read them.
-pub fn task_infos(s: &TfDataState, it: &Iteration) -> Result<Vec<pb::TaskInfo>, CoordError> {
+pub fn task_infos(s: &DispatcherState, it: &Iteration) -> Result<Vec<pb::TaskInfo>, CoordError> {
     s.iteration_tasks(it)
         .map(|t| {
             let w = s.workers.get(&t.worker);

@@ -10,15 +10,15 @@
 use std::collections::BTreeSet;
 
 use coord_proto::tensorflow::data as pb;
+use coord_raft_store::dispatcher::{DispatcherOp, DispatcherState, WorkerIndex};
 use coord_raft_store::state::Code;
-use coord_raft_store::tfdata::{TfDataOp, TfDataState, WorkerIndex};
 use coord_raft_store::RequestId;
 use prost::Message;
 
-use super::{status, wire, TfDataCore};
+use super::{status, wire, DispatcherCore};
 use crate::error::CoordError;
 
-impl TfDataCore {
+impl DispatcherCore {
     pub async fn worker_heartbeat(
         &self,
         id: Option<RequestId>,
@@ -33,6 +33,15 @@ impl TfDataCore {
         self.memory.worker_heard(&address);
         let (known, lost, lacks_a_task, index, rounds) = self
             .read(|s| {
+                if s.workers.get(&address).is_some_and(|w| w.reports_delivery) {
+                    return Err(status(
+                        Code::FailedPrecondition,
+                        format!(
+                            "worker {address} is registered as a coord data worker; it cannot \
+                             heartbeat as one of TensorFlow's"
+                        ),
+                    ));
+                }
                 let known = s.workers.contains_key(&address);
                 let lost = s.workers.get(&address).is_some_and(|w| w.lost);
                 let index = if known {
@@ -40,17 +49,17 @@ impl TfDataCore {
                 } else {
                     worker_index(&self.config.worker_addresses, s, &address)
                 };
-                (
+                Ok((
                     known,
                     lost,
                     !s.round_robin_iterations_without(&address).is_empty(),
                     index,
                     self.memory.iteration_rounds(s),
-                )
+                ))
             })
-            .await?;
+            .await??;
         if !known || lost || lacks_a_task {
-            let op = TfDataOp::WorkerHeartbeat {
+            let op = DispatcherOp::WorkerHeartbeat {
                 address: address.clone(),
                 transfer_servers: req
                     .transfer_servers
@@ -113,7 +122,7 @@ impl TfDataCore {
         if done.is_empty() {
             return Ok(());
         }
-        let op = TfDataOp::FinishTasks {
+        let op = DispatcherOp::FinishTasks {
             address: req.worker_address,
             tasks: done,
         };
@@ -127,7 +136,7 @@ impl TfDataCore {
 /// `None` when no list is configured; an address the list does not allow is refused.
 pub fn worker_index(
     configured: &[String],
-    s: &TfDataState,
+    s: &DispatcherState,
     address: &str,
 ) -> Result<Option<WorkerIndex>, CoordError> {
     if configured.is_empty() {
@@ -179,9 +188,9 @@ fn matches_any_port(configured: &str, address: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coord_raft_store::tfdata::Worker;
+    use coord_raft_store::dispatcher::Worker;
 
-    fn registered(s: &mut TfDataState, address: &str, index: i64) {
+    fn registered(s: &mut DispatcherState, address: &str, index: i64) {
         s.workers.insert(
             address.into(),
             Worker {
@@ -191,6 +200,8 @@ mod tests {
                 index: Some(WorkerIndex { index, of: 3 }),
                 tasks: Default::default(),
                 lost: false,
+                reports_delivery: false,
+                registration: 1,
             },
         );
     }
@@ -201,9 +212,10 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let mut s = TfDataState::default();
+        let mut s = DispatcherState::default();
         assert_eq!(worker_index(&[], &s, "x:1").expect("no list"), None);
-        let at = |s: &TfDataState, a: &str| worker_index(&list, s, a).map(|i| i.map(|i| i.index));
+        let at =
+            |s: &DispatcherState, a: &str| worker_index(&list, s, a).map(|i| i.map(|i| i.index));
         assert_eq!(at(&s, "a:1").expect("a"), Some(0));
         assert_eq!(at(&s, "b:7").expect("b"), Some(1));
         registered(&mut s, "b:7", 1);
