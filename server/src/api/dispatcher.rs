@@ -42,170 +42,148 @@ impl Dispatcher for DispatcherService {
         &self,
         req: Request<pb::GetOrRegisterDatasetRequest>,
     ) -> Result<Response<pb::GetOrRegisterDatasetResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/GetOrRegisterDataset",
-                Kind::Write,
-                req,
-                |m, id| core.register_definition(id, m.dataset),
-                |ch, r| async move { client(ch).get_or_register_dataset(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/GetOrRegisterDataset",
+            Kind::Write,
+            get_or_register_dataset,
+            |core, m, id| core.register_definition(id, m.dataset).await
+        )
     }
 
     async fn get_dataset_def(
         &self,
         req: Request<pb::GetDatasetDefRequest>,
     ) -> Result<Response<pb::GetDatasetDefResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/GetDatasetDef",
-                Kind::Read,
-                req,
-                |m, _| async move {
-                    Ok(pb::GetDatasetDefResponse {
-                        dataset: Some(core.definition(m.dataset_id).await?),
-                    })
-                },
-                |ch, r| async move { client(ch).get_dataset_def(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/GetDatasetDef",
+            Kind::Read,
+            get_dataset_def,
+            |core, m, _| Ok(pb::GetDatasetDefResponse {
+                dataset: Some(core.definition(m.dataset_id).await?),
+            })
+        )
     }
 
     async fn get_or_create_job(
         &self,
         req: Request<pb::GetOrCreateJobRequest>,
     ) -> Result<Response<pb::GetOrCreateJobResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/GetOrCreateJob",
-                Kind::Write,
-                req,
-                |m, id| core.join_job(id, m),
-                |ch, r| async move { client(ch).get_or_create_job(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/GetOrCreateJob",
+            Kind::Write,
+            get_or_create_job,
+            |core, m, id| core.join_job(id, m).await
+        )
     }
 
     async fn release_job_client(
         &self,
         req: Request<pb::ReleaseJobClientRequest>,
     ) -> Result<Response<pb::ReleaseJobClientResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/ReleaseJobClient",
-                Kind::Write,
-                req,
-                |m, id| async move {
-                    core.release_job_client(id, m.client_id).await?;
-                    Ok(pb::ReleaseJobClientResponse {})
-                },
-                |ch, r| async move { client(ch).release_job_client(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/ReleaseJobClient",
+            Kind::Write,
+            release_job_client,
+            |core, m, id| {
+                core.release_job_client(id, m.client_id).await?;
+                Ok(pb::ReleaseJobClientResponse {})
+            }
+        )
     }
 
     async fn client_heartbeat(
         &self,
         req: Request<pb::ClientHeartbeatRequest>,
     ) -> Result<Response<pb::ClientHeartbeatResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/ClientHeartbeat",
-                Kind::Write,
-                req,
-                |m, id| core.job_client_heartbeat(id, m),
-                |ch, r| async move { client(ch).client_heartbeat(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/ClientHeartbeat",
+            Kind::Write,
+            client_heartbeat,
+            |core, m, id| core.job_client_heartbeat(id, m).await
+        )
     }
 
     async fn worker_heartbeat(
         &self,
         req: Request<pb::WorkerHeartbeatRequest>,
     ) -> Result<Response<pb::WorkerHeartbeatResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/WorkerHeartbeat",
-                Kind::Write,
-                req,
-                |m, id| core.data_worker_heartbeat(id, m),
-                |ch, r| async move { client(ch).worker_heartbeat(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/WorkerHeartbeat",
+            Kind::Write,
+            worker_heartbeat,
+            |core, m, id| core.data_worker_heartbeat(id, m).await
+        )
     }
 
     async fn worker_update(
         &self,
         req: Request<pb::WorkerUpdateRequest>,
     ) -> Result<Response<pb::WorkerUpdateResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/WorkerUpdate",
-                Kind::Write,
-                req,
-                |m, id| async move {
-                    core.report_delivery(id, m).await?;
-                    Ok(pb::WorkerUpdateResponse {})
-                },
-                |ch, r| async move { client(ch).worker_update(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/WorkerUpdate",
+            Kind::Write,
+            worker_update,
+            |core, m, id| {
+                core.report_delivery(id, m).await?;
+                Ok(pb::WorkerUpdateResponse {})
+            }
+        )
     }
 
     async fn get_split(
         &self,
         req: Request<pb::GetSplitRequest>,
     ) -> Result<Response<pb::GetSplitResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/GetSplit",
-                Kind::Write,
-                req,
-                |m, id| core.lease_splits(id, m),
-                |ch, r| async move { client(ch).get_split(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/GetSplit",
+            Kind::Write,
+            get_split,
+            |core, m, id| core.lease_splits(id, m).await
+        )
     }
 
     async fn get_workers(
         &self,
         req: Request<pb::GetWorkersRequest>,
     ) -> Result<Response<pb::GetWorkersResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/GetWorkers",
-                Kind::Read,
-                req,
-                |_, _| core.worker_rows(),
-                |ch, r| async move { client(ch).get_workers(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/GetWorkers",
+            Kind::Read,
+            get_workers,
+            |core, _, _| core.worker_rows().await
+        )
     }
 
     async fn list_jobs(
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                "dispatcher/ListJobs",
-                Kind::Read,
-                req,
-                |_, _| core.job_rows(),
-                |ch, r| async move { client(ch).list_jobs(r).await },
-            )
-            .await
+        routed!(
+            self,
+            req,
+            "dispatcher/ListJobs",
+            Kind::Read,
+            list_jobs,
+            |core, _, _| core.job_rows().await
+        )
     }
 
     async fn journal(
@@ -228,27 +206,24 @@ impl Dispatcher for DispatcherService {
         &self,
         req: Request<pb::TfGetSplitsRequest>,
     ) -> Result<Response<pb::TfGetSplitsResponse>, Status> {
-        let core = &*self.core;
-        self.router
-            .route(
-                // TF's GetSplit, leased by coord-proxy: held through elections as TF's are.
-                "tfdata/GetSplits",
-                Kind::Write,
-                req,
-                |m, id| async move {
-                    let at = crate::serve::dispatcher::tf::splits::SplitRequest {
-                        iteration: m.iteration_id,
-                        repetition: m.repetition,
-                        provider: m.split_provider_index,
-                    };
-                    Ok(pb::TfGetSplitsResponse {
-                        splits: core
-                            .get_splits(id, at, m.max_splits.clamp(1, MAX_SPLITS_PER_LEASE))
-                            .await?,
-                    })
-                },
-                |ch, r| async move { client(ch).tf_get_splits(r).await },
-            )
-            .await
+        // TF's GetSplit, leased by coord-proxy: held through elections as TF's are.
+        routed!(
+            self,
+            req,
+            "tfdata/GetSplits",
+            Kind::Write,
+            tf_get_splits,
+            |core, m, id| {
+                let at = crate::serve::dispatcher::tf::splits::SplitRequest {
+                    iteration: m.iteration_id,
+                    repetition: m.repetition,
+                    provider: m.split_provider_index,
+                };
+                let max = m.max_splits.clamp(1, MAX_SPLITS_PER_LEASE);
+                Ok(pb::TfGetSplitsResponse {
+                    splits: core.get_splits(id, at, max).await?,
+                })
+            }
+        )
     }
 }

@@ -6,14 +6,35 @@
 //! - [`kv`]: `coord.kv.KeyValue`: atomic increment and key watches.
 //! - [`coordination`]: `coord.coordination.Coordination`: error polling and task states for coord's
 //!   own agent.
-//! - [`dispatcher`]: `coord.dispatcher.Dispatcher`, the tf.data dispatcher.
+//! - [`dispatcher`]: `coord.dispatcher.Dispatcher`: coord's protocol of the tf.data dispatcher,
+//!   and the whole dispatcher's operator views.
 //! - [`tfdata`]: `tensorflow.data.DispatcherService`, as TensorFlow's tf.data workers and clients
-//!   speak it.
+//!   speak it, over the same dispatcher.
 //! - [`admin`]: `coord.admin.Admin`: status, tasks, barriers, snapshots, membership.
 //! - [`http`]: the HTTP port: health, readiness, status, metrics and the status page.
 //! - [`wire`]: conversions between TensorFlow's wire types and the state machine's.
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
 //! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
+
+/// Routes a call of `$self.router` as `$kind` under the name `$name` (its metrics label): `$local`
+/// runs on the leader with `$self.core`, the message and its request id; a follower forwards it
+/// with the `client` function in scope at the call. Defined before the modules, so in scope in all.
+macro_rules! routed {
+    ($self:ident, $req:ident, $name:literal, $kind:expr, $method:ident,
+     |$core:ident, $m:pat_param, $id:pat_param| $local:expr) => {{
+        let $core = &*$self.core;
+        $self
+            .router
+            .route(
+                $name,
+                $kind,
+                $req,
+                |$m, $id| async move { $local },
+                |ch, r| async move { client(ch).$method(r).await },
+            )
+            .await
+    }};
+}
 
 pub mod admin;
 pub mod backup;

@@ -44,25 +44,6 @@ fn no_snapshots(method: &str) -> Status {
     ))
 }
 
-/// Routes `$method` as `$kind`: `$local` runs on the leader with the core, the message and its
-/// request id.
-macro_rules! routed {
-    ($self:ident, $req:ident, $name:literal, $kind:expr, $method:ident,
-     |$core:ident, $m:ident, $id:ident| $local:expr) => {{
-        let $core = &*$self.core;
-        $self
-            .router
-            .route(
-                concat!("tfdata/", $name),
-                $kind,
-                $req,
-                |$m, $id| async move { $local },
-                |ch, r| async move { client(ch).$method(r).await },
-            )
-            .await
-    }};
-}
-
 #[tonic::async_trait]
 impl DispatcherService for TfDataService {
     async fn worker_heartbeat(
@@ -72,7 +53,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "WorkerHeartbeat",
+            "tfdata/WorkerHeartbeat",
             Kind::Write,
             worker_heartbeat,
             |core, m, id| core.worker_heartbeat(id, m).await
@@ -86,7 +67,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "WorkerUpdate",
+            "tfdata/WorkerUpdate",
             Kind::Write,
             worker_update,
             |core, m, id| {
@@ -103,7 +84,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetDatasetDef",
+            "tfdata/GetDatasetDef",
             Kind::Read,
             get_dataset_def,
             |core, m, _id| {
@@ -121,7 +102,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetSplit",
+            "tfdata/GetSplit",
             Kind::Write,
             get_split,
             |core, m, id| core.get_split(id, m).await
@@ -144,7 +125,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetOrRegisterDataset",
+            "tfdata/GetOrRegisterDataset",
             Kind::Write,
             get_or_register_dataset,
             |core, m, id| core.register_dataset(id, m).await
@@ -158,7 +139,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetOrCreateJob",
+            "tfdata/GetOrCreateJob",
             Kind::Write,
             get_or_create_job,
             |core, m, id| core.get_or_create_job(id, m).await
@@ -172,7 +153,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetOrCreateIteration",
+            "tfdata/GetOrCreateIteration",
             Kind::Write,
             get_or_create_iteration,
             |core, m, id| core.get_or_create_iteration(id, m).await
@@ -186,7 +167,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "MaybeRemoveTask",
+            "tfdata/MaybeRemoveTask",
             Kind::Write,
             maybe_remove_task,
             |core, m, id| core.maybe_remove_task(id, m).await
@@ -200,7 +181,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "ReleaseIterationClient",
+            "tfdata/ReleaseIterationClient",
             Kind::Write,
             release_iteration_client,
             |core, m, id| {
@@ -217,7 +198,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "ClientHeartbeat",
+            "tfdata/ClientHeartbeat",
             Kind::Write,
             client_heartbeat,
             |core, m, id| core.client_heartbeat(id, m).await
@@ -231,7 +212,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetWorkers",
+            "tfdata/GetWorkers",
             Kind::Read,
             get_workers,
             |core, _m, _id| core.workers().await
@@ -245,7 +226,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "GetDataServiceMetadata",
+            "tfdata/GetDataServiceMetadata",
             Kind::Read,
             get_data_service_metadata,
             |core, m, _id| Ok(pb::GetDataServiceMetadataResponse {
@@ -293,7 +274,7 @@ impl DispatcherService for TfDataService {
         routed!(
             self,
             req,
-            "DisableCompressionAtRuntime",
+            "tfdata/DisableCompressionAtRuntime",
             Kind::Write,
             disable_compression_at_runtime,
             |core, m, id| core.disable_compression(id, m).await
