@@ -1,34 +1,40 @@
 #!/usr/bin/env bash
-# Builds the coordinator image without pulling anything (see Dockerfile.offline).
+# Builds one of coord's images without pulling anything (see Dockerfile.offline):
 #
-#   deploy/build-offline-image.sh [TAG] [BIN_DIR]
+#   deploy/build-offline-image.sh [--target coordinator|coord-proxy] [TAG] [BIN_DIR]
 #
-# TAG defaults to coord:latest. BIN_DIR holds coordinator, coordctl and coord-proxy; it defaults
-# to target/release, built first if a binary is missing there.
+# The target is the image, as in deploy/Dockerfile: `coordinator` (the default; TAG defaults to
+# coord:latest) holds coordinator and coordctl, `coord-proxy` (TAG coord-proxy:latest) the
+# sidecar. BIN_DIR holds the binaries; without it they are built first (cargo build --release, a
+# no-op when they are up to date) and taken from target/release (or $CARGO_TARGET_DIR/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tag=${1:-coord:latest}
-bins=${2:-target/release}
-if [[ ! -x $bins/coordinator || ! -x $bins/coordctl || ! -x $bins/coord-proxy ]]; then
+target=coordinator
+if [[ ${1:-} == --target ]]; then
+  target=${2:?--target needs coordinator or coord-proxy}
+  shift 2
+fi
+case $target in
+  # bash: the training Job's startup probe (deploy/k8s/tls/training-job.yaml) opens the proxy's
+  # port with it.
+  coordinator) programs=(coordinator coordctl) default_tag=coord:latest ;;
+  coord-proxy) programs=(coord-proxy /bin/bash) default_tag=coord-proxy:latest ;;
+  *) echo "$0: unknown target $target (coordinator or coord-proxy)" >&2; exit 2 ;;
+esac
+tag=${1:-$default_tag}
+if [[ -n ${2:-} ]]; then
+  bins=$2
+else
   cargo build --release -p coord-server --bin coordinator -p coord-agent --bin coordctl --bin coord-proxy
-  bins=target/release
+  bins=${CARGO_TARGET_DIR:-target}/release
 fi
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/etc" "$ctx/data"
-for b in coordinator coordctl coord-proxy; do
-  # Debug info is for developers; the image ships without it.
-  objcopy --strip-debug "$bins/$b" "$ctx/rootfs/usr/local/bin/$b"
-  # Every shared library the binary links, at the same path, and the dynamic loader.
-  ldd "$bins/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
-    while read -r lib; do
-      mkdir -p "$ctx/rootfs$(dirname "$lib")"
-      cp -L "$lib" "$ctx/rootfs$lib"
-    done
-done
-echo "coord:x:10001:10001:coord:/var/lib/coord:/nonexistent" > "$ctx/rootfs/etc/passwd"
-echo "coord:x:10001:" > "$ctx/rootfs/etc/group"
-# The other replicas' names are resolved through Docker's (or the cluster's) DNS.
-echo "hosts: files dns" > "$ctx/rootfs/etc/nsswitch.conf"
-cp deploy/Dockerfile.offline "$ctx/Dockerfile"
+# The target's stage copies the image's files from a directory named after it.
+mkdir -p "$ctx/data"
+deploy/image-rootfs.sh "$ctx/$target" "$bins" "${programs[@]}"
+# Only the target's stage of Dockerfile.offline: a builder without BuildKit would also build the
+# stages before it, and leave their images behind.
+awk -v stage="FROM scratch AS $target" '/^FROM / { on = ($0 == stage) } on' \
+  deploy/Dockerfile.offline > "$ctx/Dockerfile"
 docker build -q -t "$tag" "$ctx"

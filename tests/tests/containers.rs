@@ -1,20 +1,37 @@
-//! `deploy/compose.yaml` in real containers (the image built offline from this build's binaries):
-//! write through the ensemble while its leader container is killed, a replica is cut off the
-//! network and reconnected, all three are restarted one by one, a fourth replica joins and an
-//! original one is removed. At the end every acknowledged write is there and every replica's
-//! `/status` agrees. Skips, saying why, where no Docker engine answers.
+//! coord's images and `deploy/compose.yaml` in real containers (the images built offline from
+//! this workspace's release binaries):
+//! - Both images (the replica's and the `coord-proxy` sidecar's) stay within their size bounds and
+//!   hold their own binaries only, without debug info but with their symbol tables, and with the
+//!   build ids of the build's own binaries (their symbols for a crash report).
+//! - Write through the ensemble while its leader container is killed, a replica is cut off the
+//!   network and reconnected, all three are restarted one by one, a fourth replica joins and an
+//!   original one is removed. At the end every acknowledged write is there and every replica's
+//!   `/status` agrees.
+//! - Over TLS, the sidecar's image runs as the training Job runs it (the task's certificate, the
+//!   Job's variables and startup probe) and a call through it reaches the ensemble; the replicas
+//!   report the commit they were built from.
+//!
+//! Skips, saying why, where no Docker engine answers.
 
 use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use coord_agent::{ClientOptions, CoordClient};
+use coord_proto::tensorflow as tf;
+use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use coord_tests::certs::TestPki;
-use coord_tests::cluster::StatusView;
-use coord_tests::compose::{self, Compose};
+use coord_tests::cluster::{free_ports, StatusView};
+use coord_tests::compose::{self, Compose, Image};
 use coord_tests::http;
 use tokio::time::Instant;
+
+/// Megabytes as `docker image ls` counts them.
+const MB: u64 = 1_000_000;
 
 fn status(c: &Compose, id: u64) -> Option<StatusView> {
     let (code, body) = http::get(c.http(id), "/status").ok()?;
@@ -104,6 +121,113 @@ async fn writes_go_on(count: &AtomicUsize, n: usize) {
         || count.load(Ordering::Relaxed) >= target,
     )
     .await;
+}
+
+/// `readelf ARGS FILE`'s report.
+fn readelf(args: &[&str], file: &Path) -> String {
+    let out = Command::new("readelf")
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("run readelf (binutils, which deploy/image-rootfs.sh needs for objcopy)");
+    assert!(out.status.success(), "readelf {args:?} {}", file.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn build_id(file: &Path) -> String {
+    readelf(&["-n"], file)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .unwrap_or_else(|| panic!("{} has no build id", file.display()))
+}
+
+/// `coordinator --version` of the release build the images hold: `coordinator 0.1.0 (commit c)`.
+fn built_version() -> String {
+    let out = Command::new(compose::release_binaries().join("coordinator"))
+        .arg("--version")
+        .output()
+        .expect("run coordinator --version");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The command of the startup probe of the training Job's coord-proxy sidecar
+/// (deploy/k8s/tls/training-job.yaml), which the kubelet runs in the sidecar's container.
+fn job_startup_probe() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/tls/training-job.yaml");
+    let text = std::fs::read_to_string(&path).expect("training Job");
+    let job: serde_yaml::Value = serde_yaml::from_str(&text).expect("training Job YAML");
+    let sidecar = job["spec"]["template"]["spec"]["initContainers"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"].as_str() == Some("coord-proxy"))
+        .expect("the training Job's coord-proxy init container");
+    sidecar["startupProbe"]["exec"]["command"]
+        .as_sequence()
+        .expect("the sidecar's startupProbe.exec.command")
+        .iter()
+        .map(|w| w.as_str().expect("a probe word").to_string())
+        .collect()
+}
+
+#[test]
+fn images_hold_their_own_binaries_without_debug_info_within_their_size_bounds() {
+    if let Some(why) = compose::unavailable() {
+        eprintln!("SKIPPED images_hold_their_own_binaries_without_debug_info_within_their_size_bounds: {why}");
+        return;
+    }
+    let built = compose::release_binaries();
+    let coordinator = Image::build("coordinator");
+    let proxy = Image::build("coord-proxy");
+    for (image, bound, programs) in [
+        (&coordinator, 60 * MB, &["coordctl", "coordinator"][..]),
+        (&proxy, 25 * MB, &["coord-proxy"][..]),
+    ] {
+        let size = image.size();
+        eprintln!("{}: {:.1} MB", image.name, size as f64 / MB as f64);
+        assert!(
+            size <= bound,
+            "{} is {size} bytes, over its bound of {bound}",
+            image.name
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        image.copy_out("/usr/local/bin", dir.path());
+        let mut held: Vec<String> = std::fs::read_dir(dir.path().join("bin"))
+            .expect("the image's /usr/local/bin")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        held.sort();
+        assert_eq!(held, programs, "{}: /usr/local/bin", image.name);
+        for program in programs {
+            let shipped = dir.path().join("bin").join(program);
+            let sections = readelf(&["-S", "-W"], &shipped);
+            assert!(
+                !sections.contains(".debug_info"),
+                "{}: {program} ships with its debug info",
+                image.name
+            );
+            // Without it a panic's backtrace names no function.
+            assert!(
+                sections.contains(".symtab"),
+                "{}: {program} lost its symbol table",
+                image.name
+            );
+            assert_eq!(
+                build_id(&shipped),
+                build_id(&built.join(program)),
+                "{}: {program} is not the build's binary stripped, so the build's is not its symbol file",
+                image.name
+            );
+        }
+    }
+    // The commit the binary was built from survives the stripping.
+    let version = built_version();
+    assert!(version.contains("(commit "), "{version:?}");
+    let out = Command::new("docker")
+        .args(["run", "--rm", &coordinator.name, "--version"])
+        .output()
+        .expect("docker run");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), version);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,6 +386,17 @@ async fn compose_ensemble_over_tls_requires_certificates_and_survives_a_leader_k
     );
     let originals = [1, 2, 3];
     all_ready(&c, &originals).await;
+    // The commit the replicas were built from, in coord_build_info.
+    let version = built_version();
+    let (_, commit) = version
+        .trim_end_matches(')')
+        .split_once("(commit ")
+        .expect("coordinator --version names the commit");
+    let (_, metrics) = http::get(c.http(1), "/metrics").expect("/metrics");
+    assert!(
+        metrics.contains(&format!("commit=\"{commit}\"}} 1")),
+        "coord_build_info does not report commit {commit}:\n{metrics}"
+    );
     let endpoints: Vec<String> = originals.iter().map(|&i| c.grpc(i)).collect();
     let mut options = ClientOptions::new(endpoints.clone());
     options.tls = Some(operator_tls);
@@ -300,4 +435,75 @@ async fn compose_ensemble_over_tls_requires_certificates_and_survives_a_leader_k
     assert_eq!(client.get_dir("before").await.expect("read").len(), 20);
     assert_eq!(client.get_dir("after").await.expect("read").len(), 20);
     assert_eq!(client.try_get("anonymous").await.expect("read"), None);
+
+    // The sidecar's image, run as the training Job runs it: the task's certificate and the Job's
+    // variables. It listens on all interfaces here, for the test to reach it through a published
+    // port; the Job keeps it on localhost.
+    let proxy_image = Image::build("coord-proxy");
+    let task = pki.issue(&pki.task("worker", 0));
+    readable(&task.cert, 0o644);
+    readable(&task.key, 0o644);
+    let in_certs = |p: &Path| {
+        let file = p.file_name().expect("file name").to_string_lossy();
+        format!("/certs/{file}")
+    };
+    let port = free_ports(1)[0];
+    let env = [
+        "COORD_ENDPOINTS=coord1:7101,coord2:7101,coord3:7101".to_string(),
+        format!("COORD_TLS_CA={}", in_certs(&pki.ca_path())),
+        format!("COORD_TLS_CERT={}", in_certs(&task.cert)),
+        format!("COORD_TLS_KEY={}", in_certs(&task.key)),
+    ];
+    let published = format!("127.0.0.1:{port}:7200");
+    let mount = format!("{certs}:/certs:ro");
+    let mut options = vec!["-p", &published, "-v", &mount];
+    for e in &env {
+        options.extend(["-e", e]);
+    }
+    let sidecar = c.run(&options, &proxy_image, &["--listen", "0.0.0.0:7200"]);
+    // The Job's startup probe passes in the image once the proxy listens.
+    let probe = job_startup_probe();
+    wait(
+        "the training Job's startup probe to pass in the sidecar",
+        Duration::from_secs(60),
+        || sidecar.exec_ok(&probe),
+    )
+    .await;
+    // A call through the sidecar reaches the ensemble, as task worker/0.
+    let mut through = CoordinationServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connect to the sidecar");
+    through
+        .insert_key_value(tf::InsertKeyValueRequest {
+            kv: Some(tf::KeyValueEntry {
+                key: "sidecar/worker-0".into(),
+                value: Bytes::from("through coord-proxy"),
+            }),
+            allow_overwrite: false,
+        })
+        .await
+        .expect("an insert through the sidecar");
+    drop(through);
+    assert_eq!(
+        client
+            .try_get("sidecar/worker-0")
+            .await
+            .expect("read")
+            .as_deref(),
+        Some(&b"through coord-proxy"[..])
+    );
+    // `docker stop` (and Kubernetes ending the sidecar) stops it at once: STOPSIGNAL SIGINT.
+    let stopping = Instant::now();
+    c.docker_ok(&["stop", "-t", "30", &sidecar.name]);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "the sidecar took {:?} to stop",
+        stopping.elapsed()
+    );
+    assert_eq!(
+        sidecar.inspect("{{.State.ExitCode}}"),
+        "0",
+        "{}",
+        sidecar.logs()
+    );
 }

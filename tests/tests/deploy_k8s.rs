@@ -1,9 +1,9 @@
 //! The Kubernetes manifests of `deploy/k8s`, checked without a cluster: every pod template
 //! (StatefulSet, Job, Pod, ...) against the "restricted" Pod Security Standard, and against what
-//! this project needs of them: pinned images (coord's at the workspace version), requests and
-//! limits on every container, a memory limit that fits the memory quota, the image's user,
+//! this project needs of them: pinned images (coord's two at the workspace version), requests and
+//! limits on every container, a memory limit that fits the memory quota, the images' user,
 //! graceful termination long enough for a leader handoff, and `coord-proxy` as a native sidecar
-//! in the training Job, so that the Job completes when the trainer exits.
+//! in the training Job, from its own image, so that the Job completes when the trainer exits.
 //!
 //! The manifests are read as they are on disk; where `kubectl` is installed the kustomizations are
 //! also rendered (`kubectl kustomize`, which applies their patches and refuses a broken layout) and
@@ -45,34 +45,72 @@ fn workspace_version() -> String {
     panic!("no version in [workspace.package] of Cargo.toml");
 }
 
-/// The user and group the image runs as: the last `USER uid:gid` of a Dockerfile.
-fn image_user(dockerfile: &str) -> (i64, i64) {
+/// The images a Dockerfile ships, by target (every stage with an `ENTRYPOINT`), with the user and
+/// group each runs as: its stage's last `USER uid:gid`.
+fn image_users(dockerfile: &str) -> Vec<(String, (i64, i64))> {
     let path = workspace().join(dockerfile);
     let text = std::fs::read_to_string(&path).expect("Dockerfile");
-    let user = text
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("USER "))
-        .unwrap_or_else(|| panic!("{dockerfile}: no USER: the image would run as root"));
-    let (uid, gid) = user
-        .trim()
-        .split_once(':')
-        .unwrap_or_else(|| panic!("{dockerfile}: USER {user} names no group (want uid:gid)"));
-    let num = |s: &str| -> i64 {
-        s.parse()
-            .unwrap_or_else(|_| panic!("{dockerfile}: USER {user} is not numeric"))
-    };
-    (num(uid), num(gid))
+    let mut stages: Vec<(String, Vec<&str>)> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(from) = line.strip_prefix("FROM ") {
+            let name = match from.split_whitespace().collect::<Vec<_>>().as_slice() {
+                [_, as_, name] if as_.eq_ignore_ascii_case("as") => name.to_string(),
+                _ => format!("stage {}", stages.len()),
+            };
+            stages.push((name, Vec::new()));
+        } else if let Some((_, lines)) = stages.last_mut() {
+            lines.push(line);
+        }
+    }
+    let images: Vec<(String, (i64, i64))> = stages
+        .iter()
+        .filter(|(_, lines)| lines.iter().any(|l| l.starts_with("ENTRYPOINT ")))
+        .map(|(name, lines)| {
+            let user = lines
+                .iter()
+                .rev()
+                .find_map(|l| l.strip_prefix("USER "))
+                .unwrap_or_else(|| {
+                    panic!("{dockerfile}: target {name}: no USER: the image would run as root")
+                });
+            let (uid, gid) = user.trim().split_once(':').unwrap_or_else(|| {
+                panic!("{dockerfile}: target {name}: USER {user} names no group (want uid:gid)")
+            });
+            let num = |s: &str| -> i64 {
+                s.parse().unwrap_or_else(|_| {
+                    panic!("{dockerfile}: target {name}: USER {user} is not numeric")
+                })
+            };
+            (name.clone(), (num(uid), num(gid)))
+        })
+        .collect();
+    assert!(
+        !images.is_empty(),
+        "{dockerfile}: no stage has an ENTRYPOINT"
+    );
+    images
 }
 
 impl Rules {
     fn new() -> Rules {
-        let user = image_user("deploy/Dockerfile");
+        // deploy/build-offline-image.sh --target names deploy/Dockerfile's targets.
+        let images = image_users("deploy/Dockerfile");
         assert_eq!(
-            image_user("deploy/Dockerfile.offline"),
-            user,
-            "deploy/Dockerfile and deploy/Dockerfile.offline run as different users"
+            image_users("deploy/Dockerfile.offline"),
+            images,
+            "deploy/Dockerfile and deploy/Dockerfile.offline differ in their images or users"
         );
+        let user = images[0].1;
+        assert!(
+            images.iter().all(|(_, u)| *u == user),
+            "coord's images run as different users: {images:?}"
+        );
+        for target in ["coordinator", "coord-proxy"] {
+            assert!(
+                images.iter().any(|(name, _)| name == target),
+                "deploy/Dockerfile has no target {target}: {images:?}"
+            );
+        }
         Rules {
             version: workspace_version(),
             user,
@@ -321,6 +359,7 @@ spec:
         "Job/bad: containers[trainer].image: \"busybox:latest\"",
         "Job/bad: containers[trainer].resources.limits.memory:",
         "Job/bad: containers[proxy].image: \"coord:0.0.1\": coord's image is tagged",
+        "Job/bad: containers[proxy].image: \"coord:0.0.1\": coord-proxy runs from the image coord-proxy",
         "Job/bad: containers[proxy].resources.limits.memory: is below the request",
     ] {
         assert!(

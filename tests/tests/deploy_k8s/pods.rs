@@ -2,7 +2,8 @@
 //! (non-root, no privilege escalation, no capabilities, a seccomp profile, a read-only root
 //! filesystem, allowed volume types only) and this project's own (pinned images, requests and
 //! limits, the image's user, a memory limit that fits the quota, graceful termination for a
-//! leader handoff, `coord-proxy` as a Job's native sidecar). Each problem names the field.
+//! leader handoff, `coord-proxy` as a Job's native sidecar from its own image). Each problem names
+//! the field.
 
 use serde_yaml::Value;
 
@@ -77,6 +78,15 @@ fn image_parts(image: &str) -> (&str, Option<&str>, bool) {
         Some((repo, tag)) => (repo, Some(tag), digest),
         None => (last, None, digest),
     }
+}
+
+/// coord's images (deploy/Dockerfile's targets), by the repository's last path segment: the
+/// replica's (`coordinator`, `coordctl`) and the sidecar's (`coord-proxy` alone).
+const COORD_IMAGE: &str = "coord";
+const PROXY_IMAGE: &str = "coord-proxy";
+
+fn is_coord_image(repo: &str) -> bool {
+    repo == COORD_IMAGE || repo == PROXY_IMAGE
 }
 
 /// The pod spec of an object that makes pods, and whether the pods belong to a Job.
@@ -184,7 +194,7 @@ fn check_pod(spec: &Value, in_job: bool, rules: &Rules, p: &mut impl FnMut(&str,
     }
     let coord_image = all
         .iter()
-        .any(|(_, c)| text(c, &["image"]).is_some_and(|i| image_parts(i).0 == "coord"));
+        .any(|(_, c)| text(c, &["image"]).is_some_and(|i| is_coord_image(image_parts(i).0)));
     if coord_image {
         // The Service `coord` would inject COORD_SERVICE_HOST, COORD_PORT, ..., which coord's
         // binaries would read as settings.
@@ -299,7 +309,7 @@ fn check_container(
                 &format!("securityContext.{field}"),
                 format!("is {id:?}; must be set and non-zero"),
             ),
-            Some(id) if repo == "coord" && id != want => p(
+            Some(id) if is_coord_image(repo) && id != want => p(
                 &format!("securityContext.{field}"),
                 format!("is {id}; coord's image runs as {want} (deploy/Dockerfile's USER)"),
             ),
@@ -347,6 +357,23 @@ fn check_container(
             );
         }
     }
+    // Each binary from the image built for it: the sidecar's image holds coord-proxy alone, and
+    // coord's holds no coord-proxy.
+    let wanted = if runs_proxy(c) {
+        Some(("coord-proxy", PROXY_IMAGE))
+    } else if runs_coordinator(c) {
+        Some(("coordinator", COORD_IMAGE))
+    } else {
+        None
+    };
+    if let Some((program, want)) = wanted.filter(|(_, want)| repo != *want) {
+        p(
+            "image",
+            format!(
+                "{image:?}: {program} runs from the image {want} (a target of deploy/Dockerfile)"
+            ),
+        );
+    }
     for port in seq(c, &["ports"]) {
         if port.get("hostPort").is_some() {
             p("ports", "hostPort is not allowed".into());
@@ -355,7 +382,7 @@ fn check_container(
     if !digest {
         match tag {
             None => p("image", format!("{image:?} has no tag")),
-            Some(t) if repo == "coord" && t != rules.version => p(
+            Some(t) if is_coord_image(repo) && t != rules.version => p(
                 "image",
                 format!(
                     "{image:?}: coord's image is tagged with the workspace version, {}",
