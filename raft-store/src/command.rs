@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dispatcher::{DispatchOp, DispatchOutput};
 use crate::error::Code;
+use crate::raw::{RawOp, RawOutput};
 use crate::state::alive::AliveAnswer;
 use crate::state::barriers::Outcome;
 use crate::state::cluster::{ClusterConfig, TaskName};
@@ -171,6 +172,8 @@ pub enum Op {
     SetQuota {
         bytes: u64,
     },
+    /// A mutation of the raw key space (torch's store; see `crate::raw`). Appended last.
+    Raw(RawOp),
 }
 
 impl fmt::Display for Op {
@@ -220,6 +223,7 @@ impl fmt::Display for Op {
             }
             Op::TfData(op) => write!(f, "tfdata.{op}"),
             Op::SetQuota { bytes } => write!(f, "set_quota({bytes})"),
+            Op::Raw(op) => write!(f, "raw.{op}"),
         }
     }
 }
@@ -252,4 +256,6 @@ pub enum Output {
     Dispatch(DispatchOutput),
     /// What an update of TensorFlow's dispatcher returned. Appended last.
     TfData(TfDataOutput),
+    /// What a mutation of the raw key space returned. Appended last.
+    Raw(RawOutput),
 }

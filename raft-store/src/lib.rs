@@ -13,6 +13,8 @@
 //!   apply returns its own [`DispatchResult`](dispatcher::DispatchResult); it uses only `error`.
 //! - [`tfdata`]: TensorFlow's own tf.data dispatcher (`tensorflow.data.DispatcherService`), its
 //!   model and ids as TF 2.21 has them; like `dispatcher`, it uses only `error`.
+//! - [`raw`]: the raw key space of the key-value store (keys taken as their bytes: torch's
+//!   `TCPStore`), its ops and their apply; it uses only `error` and `codec`.
 //! - [`state`]'s coordination records (`state::cluster`, `tasks`, `barriers`, `alive`): task
 //!   names, the cluster configuration, task records, barrier instances, GetAliveTasks rounds. They
 //!   use only `error` and know nothing of commands.
@@ -36,6 +38,7 @@ pub mod command;
 pub mod dispatcher;
 pub mod error;
 pub mod key;
+pub mod raw;
 pub mod state;
 pub mod stats;
 pub mod storage;

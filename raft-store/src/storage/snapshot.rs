@@ -7,9 +7,10 @@
 //!
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
 //! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state, version 3 per-task
-//! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota; older
-//! snapshots still read (as run 0, with no recoverable task, with an empty tf.data dispatcher,
-//! with no quota until the leader sets one).
+//! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota, version
+//! 6 the raw key space in the store (torch's keys, `v5`); older snapshots still read (as run 0,
+//! with no recoverable task, with an empty tf.data dispatcher, with no quota until the leader sets
+//! one, with no raw key).
 
 use std::fs;
 use std::io;
@@ -23,8 +24,10 @@ use crate::types::SnapshotMeta;
 
 use super::files;
 
+mod v5;
+
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 5;
+const FORMAT_VERSION: u32 = 6;
 const FILE_NAME: &str = "snapshot.bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +88,12 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
                 codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
             return Ok(v4.into());
         }
+        Some(5) => {
+            let body = files::unframe(MAGIC, 5, bytes).map_err(corrupt)?;
+            let v5: v5::SnapshotBodyV5 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v5.into());
+        }
         _ => {}
     }
     let body = files::unframe(MAGIC, FORMAT_VERSION, bytes).map_err(corrupt)?;
@@ -127,7 +136,7 @@ struct SnapshotBodyV1 {
 
 #[derive(Deserialize)]
 struct StateV1 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<ClusterV2>,
     dispatcher: crate::dispatcher::DispatcherState,
@@ -144,7 +153,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
         SnapshotBody {
             meta: v1.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster: cluster.map(Cluster::from),
                 dispatcher,
@@ -165,7 +174,7 @@ struct SnapshotBodyV2 {
 
 #[derive(Deserialize)]
 struct StateV2 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<ClusterV2>,
     dispatcher: crate::dispatcher::DispatcherState,
@@ -184,7 +193,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
         SnapshotBody {
             meta: v2.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster: cluster.map(Cluster::from),
                 dispatcher,
@@ -205,7 +214,7 @@ struct SnapshotBodyV3 {
 
 #[derive(Deserialize)]
 struct StateV3 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<Cluster>,
     dispatcher: crate::dispatcher::DispatcherState,
@@ -224,7 +233,7 @@ impl From<SnapshotBodyV3> for SnapshotBody {
         SnapshotBody {
             meta: v3.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster,
                 dispatcher,
@@ -245,7 +254,7 @@ struct SnapshotBodyV4 {
 
 #[derive(Deserialize)]
 struct StateV4 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<Cluster>,
     dispatcher: crate::dispatcher::DispatcherState,
@@ -266,7 +275,7 @@ impl From<SnapshotBodyV4> for SnapshotBody {
         SnapshotBody {
             meta: v4.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster,
                 dispatcher,
@@ -366,7 +375,7 @@ mod tests {
         #[derive(Serialize)]
         struct V1<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
             dispatcher: &'a crate::dispatcher::DispatcherState,
@@ -388,7 +397,7 @@ mod tests {
             "snapshot",
             &V1 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: &s.cluster,
                 dispatcher: &s.dispatcher,
@@ -421,7 +430,7 @@ mod tests {
         #[derive(Serialize)]
         struct V2<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: Option<ClusterV2<'a>>,
             dispatcher: &'a crate::dispatcher::DispatcherState,
@@ -448,7 +457,7 @@ mod tests {
             "snapshot",
             &V2 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: Some(ClusterV2 {
                     config: &c.config,
@@ -495,7 +504,7 @@ mod tests {
         #[derive(Serialize)]
         struct V4<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
             dispatcher: &'a crate::dispatcher::DispatcherState,
@@ -521,7 +530,7 @@ mod tests {
             "snapshot",
             &V4 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: &s.cluster,
                 dispatcher: &s.dispatcher,
@@ -543,7 +552,7 @@ mod tests {
         #[derive(Serialize)]
         struct V3<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
             dispatcher: &'a crate::dispatcher::DispatcherState,
@@ -574,7 +583,7 @@ mod tests {
             "snapshot",
             &V3 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: &s.cluster,
                 dispatcher: &s.dispatcher,
