@@ -67,9 +67,13 @@ impl RawKeys {
                 let Some(queue) = self.queues.get_mut(key) else {
                     return match block {
                         true => Err(OpError::QueueEmpty { key: shown(key) }),
-                        false => Ok(RawOutput::Value(None)),
+                        false => Ok(RawOutput::Popped {
+                            value: None,
+                            length: 0,
+                        }),
                     };
                 };
+                let length = queue.len() as u64;
                 let value = queue.pop_front();
                 if queue.is_empty() {
                     self.queues.remove(key);
@@ -78,7 +82,7 @@ impl RawKeys {
                     self.bytes -= value_bytes(key, v);
                     touched.push(key.clone());
                 }
-                Ok(RawOutput::Value(value))
+                Ok(RawOutput::Popped { value, length })
             }
         }
     }

@@ -104,11 +104,16 @@ impl fmt::Display for RawOp {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum RawOutput {
     Done,
-    /// compare-and-set: the value after the op (`None`: the key is missing); pop: the value
-    /// taken (`None`: the queue was empty).
+    /// compare-and-set: the value after the op (`None`: the key is missing).
     Value(Option<Bytes>),
     /// add: the new total; delete: how many keys went.
     Count(i64),
+    /// pop: the value taken (`None`: the queue was empty) and the queue's length before (torch
+    /// answers it).
+    Popped {
+        value: Option<Bytes>,
+        length: u64,
+    },
 }
 
 /// A raw key for messages: its bytes as text (bytes that are not UTF-8 replaced), at most 64

@@ -135,9 +135,15 @@ fn append_delete_and_queues() {
             },
         )
     };
-    assert_eq!(pop(&mut kv, false), Ok(RawOutput::Value(Some(b("1")))));
-    assert_eq!(pop(&mut kv, true), Ok(RawOutput::Value(Some(b("2")))));
-    assert_eq!(pop(&mut kv, false), Ok(RawOutput::Value(None)));
+    let popped = |v: Option<&str>, length| {
+        Ok(RawOutput::Popped {
+            value: v.map(b),
+            length,
+        })
+    };
+    assert_eq!(pop(&mut kv, false), popped(Some("1"), 2));
+    assert_eq!(pop(&mut kv, true), popped(Some("2"), 1));
+    assert_eq!(pop(&mut kv, false), popped(None, 0));
     assert!(matches!(
         pop(&mut kv, true),
         Err(OpError::QueueEmpty { .. })
@@ -224,7 +230,11 @@ fn request_ids_make_raw_ops_exactly_once() {
     };
     s.apply(&Proposal::new(4, vec![cmd(3, push)]), &mut ch);
     let taken = s.apply(&Proposal::new(5, vec![cmd(2, pop())]), &mut ch);
-    assert_eq!(taken, vec![Ok(Output::Raw(RawOutput::Value(Some(b("v")))))]);
+    let popped = RawOutput::Popped {
+        value: Some(b("v")),
+        length: 1,
+    };
+    assert_eq!(taken, vec![Ok(Output::Raw(popped))]);
     assert!(ch.contains(&crate::Change::RawChanged { key: b("/q") }));
 
     s.apply(

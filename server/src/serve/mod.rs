@@ -3,6 +3,7 @@
 //! - [`route`]: runs every call on the leader: locally, or forwarded from a follower, and driven
 //!   again, with the same request id, when leadership moves.
 //! - [`kv`], [`coordination`], [`dispatcher`]: the semantics, written once for every surface;
+//!   [`raw_kv`]: the raw key space (torch's store keys), its limits and its waits;
 //!   [`tfdata`]: TensorFlow's own tf.data dispatcher.
 //! - [`proposer`]: writes batched into Raft entries; [`read_index`]: linearizable reads, batched.
 //! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
@@ -21,6 +22,7 @@ pub mod kv;
 pub mod parked;
 pub mod proposer;
 pub mod quota;
+pub mod raw_kv;
 pub mod read_index;
 pub mod route;
 pub mod tfdata;
