@@ -158,3 +158,170 @@ async fn bad_input_closes_only_its_connection() {
     let status = cluster.status(cluster.ids()[0]);
     assert!(status.is_some(), "the ensemble still answers");
 }
+
+/// A running `torchrun`: its stdout's lines arrive on a channel; killed with its process group
+/// when dropped.
+struct Launched {
+    proc: coord_tests::torch::Guarded,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Launched {
+    fn start(torch: &Torch, args: &[String]) -> Launched {
+        let mut cmd = torch.command("torchrun");
+        cmd.args(args);
+        let mut proc = coord_tests::torch::Guarded {
+            child: cmd.spawn().expect("start torchrun"),
+        };
+        let stdout = proc.child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Launched {
+            proc,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (bounded) for a line starting with `prefix`.
+    fn wait_for(&mut self, prefix: &str, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l.starts_with(prefix);
+                    self.seen.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "no {prefix:?} within {timeout:?} ({e}); output:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits (bounded) for the exit; its code, with every line of output read.
+    fn finish(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        let code = loop {
+            if let Ok(Some(s)) = self.proc.child.try_wait() {
+                break s.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "torchrun still running after {timeout:?}; output:\n{}",
+                self.seen.join("\n")
+            );
+            while let Ok(l) = self.lines.try_recv() {
+                self.seen.push(l);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        self.proc.kill();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        code
+    }
+
+    /// Every step rank 0 printed, in order, and the result line.
+    fn steps_and_result(&self) -> (Vec<u64>, String) {
+        let steps = self
+            .seen
+            .iter()
+            .filter_map(|l| l.strip_prefix("step "))
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect();
+        let result = self
+            .seen
+            .iter()
+            .find_map(|l| l.strip_prefix("result "))
+            .unwrap_or_else(|| panic!("no result line in:\n{}", self.seen.join("\n")))
+            .to_string();
+        (steps, result)
+    }
+}
+
+fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {
+    [
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        &format!("--rdzv-endpoint={store}"),
+        &format!("--rdzv-id={run_id}"),
+        "--rdzv-conf=is_host=false",
+        "--max-restarts=3",
+        "--monitor-interval=0.5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        Torch::script("train.py").display().to_string(),
+        "--steps".into(),
+        steps.to_string(),
+    ])
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torchrun_trains_through_two_leader_kills() {
+    let Some(torch) = torch_or_skip("torchrun_trains_through_two_leader_kills") else {
+        return;
+    };
+    const STEPS: u64 = 300;
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let sidecar = StoreSidecar::start(&cluster.endpoints());
+
+    // The reference: the same job with no kill.
+    let mut calm = Launched::start(&torch, &torchrun_args(&sidecar.store, "calm", STEPS));
+    assert_eq!(
+        calm.finish(Duration::from_secs(300)),
+        Some(0),
+        "{}",
+        calm.seen.join("\n")
+    );
+    let (steps, expected) = calm.steps_and_result();
+    assert_eq!(steps, (0..STEPS).collect::<Vec<_>>());
+
+    let mut job = Launched::start(&torch, &torchrun_args(&sidecar.store, "killed", STEPS));
+    for at in [80, 200] {
+        job.wait_for(&format!("step {at} "), Duration::from_secs(240));
+        let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+        cluster.kill(leader);
+        eprintln!("killed leader {leader} at step {at}");
+        cluster.wait_for_leader(Duration::from_secs(30)).await;
+        cluster.spawn(leader);
+    }
+    assert_eq!(
+        job.finish(Duration::from_secs(300)),
+        Some(0),
+        "{}",
+        job.seen.join("\n")
+    );
+    let (steps, result) = job.steps_and_result();
+    assert_eq!(
+        steps,
+        (0..STEPS).collect::<Vec<_>>(),
+        "every step once, no restart"
+    );
+    assert_eq!(
+        result, expected,
+        "the same weights as without kills, and no restart"
+    );
+}
