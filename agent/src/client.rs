@@ -196,6 +196,32 @@ impl CoordClient {
         self.call_with(req, ticket.as_ref(), limit, f).await
     }
 
+    /// Like [`CoordClient::forward`], but a mutation takes its request id from `session` (one of
+    /// [`CoordClient::new_session`]'s) instead of the client's own: a proxy serving many
+    /// connections gives each its own session, so that each is a client of its own to the
+    /// ensemble. `session` `None`: a read.
+    pub async fn forward_in<Req, Resp, F, Fut>(
+        &self,
+        session: Option<&Arc<RequestSession>>,
+        req: Req,
+        waits: bool,
+        f: F,
+    ) -> Result<Resp, Status>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let ticket = session.map(RequestSession::begin);
+        let limit = (!waits).then_some(self.inner.options.attempt_timeout);
+        self.call_with(req, ticket.as_ref(), limit, f).await
+    }
+
+    /// A session of request ids under a client id of its own, for [`CoordClient::forward_in`].
+    pub fn new_session() -> Arc<RequestSession> {
+        RequestSession::new(rand::random::<u64>() | 1)
+    }
+
     /// A call that answers at once (see [`ClientOptions::attempt_timeout`]).
     async fn call<Req, Resp, F, Fut>(
         &self,

@@ -11,7 +11,7 @@
 //! - [`coord::admin`]: administration of the ensemble: status, tasks, barriers, snapshots,
 //!   membership changes (`coordctl member add|remove|list`), service shutdown.
 //! - [`coord::coordination`]: error polling and task states, beside the TF service.
-//! - [`coord::kv`]: atomic increment and key watches.
+//! - [`coord::kv`]: atomic increment, key watches, and the raw key space (torch's store).
 //! - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
 //! - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
 //! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.

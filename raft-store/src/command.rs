@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::dispatcher::legacy::coord as legacy;
 use crate::dispatcher::{DispatcherOp, DispatcherOutput};
 use crate::error::Code;
+use crate::raw::{RawOp, RawOutput};
 use crate::state::alive::AliveAnswer;
 use crate::state::barriers::Outcome;
 use crate::state::cluster::{ClusterConfig, TaskName};
@@ -173,6 +174,8 @@ pub enum Op {
     SetQuota {
         bytes: u64,
     },
+    /// A mutation of the raw key space (torch's store; see `crate::raw`). Appended last.
+    Raw(RawOp),
 }
 
 impl fmt::Display for Op {
@@ -222,6 +225,7 @@ impl fmt::Display for Op {
             }
             Op::Dispatcher(op) => write!(f, "dispatcher.{op}"),
             Op::SetQuota { bytes } => write!(f, "set_quota({bytes})"),
+            Op::Raw(op) => write!(f, "raw.{op}"),
         }
     }
 }
@@ -255,4 +259,6 @@ pub enum Output {
     LegacyDispatch(legacy::DispatchOutput),
     /// What a dispatcher update returned.
     Dispatcher(DispatcherOutput),
+    /// What a mutation of the raw key space returned. Appended last.
+    Raw(RawOutput),
 }

@@ -95,6 +95,19 @@ pub enum OpError {
     /// so this copy is a late duplicate and is not applied again.
     #[error("request {request} is a duplicate of one already answered")]
     StaleDuplicate { request: RequestId },
+    /// A blocking pop found the queue empty: not an outcome, the leader parks the call and
+    /// applies the same request again later (never remembered against its request id). Appended
+    /// last: results are encoded by variant index.
+    #[error("queue {key:?} is empty")]
+    QueueEmpty { key: String },
+}
+
+impl OpError {
+    /// A refusal that says "not yet" rather than "no": the same request may be applied again, so
+    /// it is not remembered in the client's session.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, OpError::NoCluster | OpError::QueueEmpty { .. })
+    }
 }
 
 #[cfg(test)]

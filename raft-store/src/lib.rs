@@ -12,6 +12,8 @@
 //! - [`dispatcher`]: the tf.data dispatcher's replicated state (the Raft log is its journal),
 //!   TensorFlow's model behind both dispatcher surfaces (TensorFlow's and coord's). Its apply
 //!   returns its own [`DispatcherResult`](dispatcher::DispatcherResult); it uses only `error`.
+//! - [`raw`]: the raw key space of the key-value store (keys taken as their bytes: torch's
+//!   `TCPStore`), its ops and their apply; it uses only `error` and `codec`.
 //! - [`state`]'s coordination records (`state::cluster`, `tasks`, `barriers`, `alive`): task
 //!   names, the cluster configuration, task records, barrier instances, GetAliveTasks rounds. They
 //!   use only `error` and know nothing of commands.
@@ -35,6 +37,7 @@ pub mod command;
 pub mod dispatcher;
 pub mod error;
 pub mod key;
+pub mod raw;
 pub mod state;
 pub mod stats;
 pub mod storage;

@@ -114,6 +114,7 @@ fn op_code(e: &OpError) -> Code {
         OpError::StaleDuplicate { .. } => Code::FailedPrecondition,
         OpError::Status { code, .. } => grpc_code(*code),
         OpError::NoCluster => Code::Unavailable,
+        OpError::QueueEmpty { .. } => Code::FailedPrecondition,
     }
 }
 

@@ -17,6 +17,7 @@
 //! - [`tf_service`]: real TensorFlow tf.data service processes (TF's dispatcher, workers, readers)
 //!   pointed at any dispatcher address, for the dispatcher tests that compare TF's and coord's;
 //!   [`tfdata_conformance`]: the scenarios those tests run on both, and their checks.
+//! - [`torch`]: real torch in a venv, its test scripts, and coord-proxy sidecars serving its store.
 //! - [`link`]: `link-worker` processes for the rendezvous tests and benchmark.
 //! - [`certs`]: the TLS tests' test CA and replica certificates (`TestPki`), made with
 //!   `coord-tools`' CA.
@@ -39,6 +40,7 @@ pub mod tf_conformance;
 pub mod tf_service;
 pub mod tfdata;
 pub mod tfdata_conformance;
+pub mod torch;
 pub mod venv;
 
 pub use cluster::{Cluster, ClusterOptions};

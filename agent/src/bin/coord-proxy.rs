@@ -9,7 +9,8 @@
 //! service (see the README's "Point TensorFlow at it" and "Point JAX at it"), and TensorFlow's
 //! tf.data workers and clients as if it were their dispatcher; the proxy serves all three
 //! services there, follows the ensemble's leader and re-drives calls across failovers, so a
-//! replica's death never reaches them (see `coord_agent::proxy`).
+//! replica's death never reaches them (see `coord_agent::proxy`). With `--tcpstore-listen` it
+//! also serves torch's TCPStore (torchrun's rendezvous, `init_process_group`'s store).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -54,6 +55,14 @@ struct Cli {
     /// 25 ms, halving when one lasted over 100 ms. 1 sends every GetSplit to the ensemble.
     #[arg(long, default_value_t = coord_agent::proxy::tfdata::DEFAULT_SPLIT_LEASE)]
     tfdata_split_lease: u64,
+    /// Also serve torch's TCPStore protocol here (HOST:PORT), over the ensemble: point torchrun's
+    /// --rdzv-endpoint, or MASTER_ADDR/MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, at it.
+    #[arg(long, env = "COORD_TCPSTORE_LISTEN")]
+    tcpstore_listen: Option<SocketAddr>,
+    /// Put every torch key under this prefix in the ensemble, so that jobs sharing an ensemble
+    /// each see a store of their own (give every host of a job the same one).
+    #[arg(long, env = "COORD_TCPSTORE_PREFIX", default_value = "")]
+    tcpstore_prefix: String,
     /// TLS toward the ensemble; jaxlib's side (--listen) stays plain gRPC on localhost. Give the
     /// proxy the certificate of the task it serves.
     #[command(flatten)]
@@ -108,6 +117,21 @@ async fn run(cli: Cli) -> ExitCode {
             client.clone(),
             task,
             address,
+        ));
+    }
+    if let Some(addr) = cli.tcpstore_listen {
+        let torch = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("coord-proxy: cannot listen on {addr} (--tcpstore-listen): {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        eprintln!("coord-proxy: serving torch's TCPStore on {addr}");
+        tokio::spawn(coord_agent::proxy::tcpstore::serve(
+            torch,
+            client.clone(),
+            bytes::Bytes::from(cli.tcpstore_prefix.clone().into_bytes()),
         ));
     }
     let listener = match tokio::net::TcpListener::bind(cli.listen).await {

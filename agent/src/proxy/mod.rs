@@ -1,6 +1,6 @@
 //! coord-proxy's services: the coordination services of unmodified TensorFlow ([`tf`]) and
-//! jaxlib ([`xla`]) clients, and TensorFlow's tf.data dispatcher ([`tfdata`]), on localhost, in
-//! front of the whole ensemble.
+//! jaxlib ([`xla`]) clients, TensorFlow's tf.data dispatcher ([`tfdata`]) and torch's TCPStore
+//! ([`tcpstore`]), on localhost, in front of the whole ensemble.
 //!
 //! Neither client survives a broken connection or an `UNAVAILABLE`: jaxlib's PollForError is sent
 //! without retries and a failed poll kills the process; TensorFlow's agent retries nothing but
@@ -20,6 +20,7 @@ use crate::client::{Channel, CoordClient};
 
 pub mod push;
 pub mod splits;
+pub mod tcpstore;
 pub mod tf;
 pub mod tfdata;
 pub mod xla;

@@ -45,4 +45,8 @@ pub enum Change {
     RunStarted {
         number: u64,
     },
+    /// A raw key's value or queue changed (see `crate::raw`): calls parked on it look again.
+    RawChanged {
+        key: Bytes,
+    },
 }

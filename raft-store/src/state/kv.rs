@@ -13,6 +13,7 @@ use super::quota::KV_ENTRY_OVERHEAD;
 use crate::command::{CommandResult, Output};
 use crate::error::OpError;
 use crate::key::{dir_range, normalized};
+use crate::raw::{RawKeys, RawOp, RawOutput};
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(from = "KvStoreWire")]
@@ -24,6 +25,10 @@ pub struct KvStore {
     /// stored; kept as they change.
     #[serde(skip)]
     bytes: u64,
+    /// The raw key space (torch's store keys, taken as their bytes; see `crate::raw`): apart
+    /// from the path keys above, without revisions (nothing watches it). Snapshots before
+    /// format 6 lack it.
+    raw: RawKeys,
 }
 
 /// A store as snapshots hold it.
@@ -31,10 +36,29 @@ pub struct KvStore {
 struct KvStoreWire {
     entries: BTreeMap<String, KvEntry>,
     revision: u64,
+    raw: RawKeys,
 }
 
 impl From<KvStoreWire> for KvStore {
     fn from(w: KvStoreWire) -> Self {
+        let mut store = KvStore::from(KvStoreBeforeRaw {
+            entries: w.entries,
+            revision: w.revision,
+        });
+        store.raw = w.raw;
+        store
+    }
+}
+
+/// A store as snapshots before format 6 hold it: path keys only.
+#[derive(Serialize, Deserialize)]
+pub struct KvStoreBeforeRaw {
+    entries: BTreeMap<String, KvEntry>,
+    revision: u64,
+}
+
+impl From<KvStoreBeforeRaw> for KvStore {
+    fn from(w: KvStoreBeforeRaw) -> Self {
         let bytes = w
             .entries
             .iter()
@@ -44,6 +68,7 @@ impl From<KvStoreWire> for KvStore {
             entries: w.entries,
             revision: w.revision,
             bytes,
+            raw: RawKeys::default(),
         }
     }
 }
@@ -85,9 +110,32 @@ impl KvStore {
         self.revision
     }
 
-    /// What the entries count against the quota.
+    /// What the entries, path and raw, count against the quota.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.bytes + self.raw.bytes()
+    }
+
+    /// The store without its raw keys, as snapshots before format 6 held it (for tests of
+    /// those formats).
+    #[cfg(test)]
+    pub(crate) fn to_before_raw(&self) -> KvStoreBeforeRaw {
+        KvStoreBeforeRaw {
+            entries: self.entries.clone(),
+            revision: self.revision,
+        }
+    }
+
+    /// The raw key space.
+    pub fn raw(&self) -> &RawKeys {
+        &self.raw
+    }
+
+    /// Applies a mutation of the raw key space; each key it touched is reported.
+    pub(crate) fn apply_raw(&mut self, op: &RawOp, changes: &mut Vec<Change>) -> CommandResult {
+        let mut touched = Vec::new();
+        let out: RawOutput = self.raw.apply(op, &mut touched)?;
+        changes.extend(touched.into_iter().map(|key| Change::RawChanged { key }));
+        Ok(Output::Raw(out))
     }
 
     /// How many bytes a put would add to [`Self::bytes`] (0 if it would not grow the store or

@@ -47,7 +47,7 @@ pub use coordination::{
     Cluster, INTERNAL_BARRIER_PREFIX, REGISTER_BARRIER, SHUTDOWN_BARRIER,
     WAIT_FOR_ALL_TASKS_BARRIER,
 };
-pub use kv::{KvEntry, KvStore};
+pub use kv::{KvEntry, KvStore, KvStoreBeforeRaw};
 pub use quota::Quota;
 pub use runs::JobRuns;
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
@@ -67,7 +67,11 @@ use crate::error::OpError;
 fn grows_records(op: &Op) -> bool {
     !matches!(
         op,
-        Op::KvPut { .. } | Op::KvDelete { .. } | Op::KvIncrement { .. } | Op::SetQuota { .. }
+        Op::KvPut { .. }
+            | Op::KvDelete { .. }
+            | Op::KvIncrement { .. }
+            | Op::SetQuota { .. }
+            | Op::Raw(_)
     )
 }
 
@@ -130,12 +134,12 @@ impl CoordState {
             self.measure_records();
         }
         self.quota.settle(self.usage());
-        // "Not set up yet" is a refusal to try again later, not an outcome: remembering it would
-        // answer the retry with the same refusal forever.
+        // "Not set up yet" (or "queue empty" for a blocking pop) is a refusal to try again later,
+        // not an outcome: remembering it would answer the retry with the same refusal forever.
         if let Some(req) = cmd
             .request
             .as_ref()
-            .filter(|_| result != Err(OpError::NoCluster))
+            .filter(|_| !matches!(&result, Err(e) if e.is_transient()))
         {
             self.sessions.record(req, &result);
         }
@@ -158,6 +162,7 @@ impl CoordState {
                 overwrite,
             } => self.kv.growth_of_put(key, value, *overwrite),
             Op::KvIncrement { key, .. } => self.kv.growth_of_increment(key),
+            Op::Raw(raw) => self.kv.raw().growth_of(raw),
             Op::Dispatcher(
                 DispatcherOp::RegisterDataset { .. }
                 | DispatcherOp::GetOrCreateJob { .. }
@@ -193,6 +198,7 @@ impl CoordState {
             } => self.kv.put(key, value, *overwrite, changes),
             Op::KvDelete { key } => self.kv.delete(key, changes),
             Op::KvIncrement { key, delta } => self.kv.increment(key, *delta, changes),
+            Op::Raw(op) => self.kv.apply_raw(op, changes),
             Op::InitCluster {
                 config,
                 service_incarnation,
@@ -311,7 +317,8 @@ fn apply_coordination(
         | Op::EndRun { .. }
         | Op::LegacyDispatch(_)
         | Op::Dispatcher(_)
-        | Op::SetQuota { .. } => Err(OpError::Status {
+        | Op::SetQuota { .. }
+        | Op::Raw(_) => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),
         }),

@@ -8,9 +8,10 @@
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
 //! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state, version 3 per-task
 //! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota, version
-//! 6 made the two dispatchers one; older snapshots still read (as run 0, with no recoverable
-//! task, with an empty tf.data dispatcher, with no quota until the leader sets one, with their
-//! dispatchers converted by `dispatcher::legacy::convert`).
+//! 6 made the two dispatchers one and gave the store its raw key space (torch's keys); older
+//! snapshots still read (as run 0, with no recoverable task, with an empty tf.data dispatcher,
+//! with no quota until the leader sets one, with their dispatchers converted by
+//! `dispatcher::legacy::convert`, with no raw key).
 
 use std::fs;
 use std::io;
@@ -25,7 +26,10 @@ use crate::types::SnapshotMeta;
 use super::files;
 use crate::dispatcher::legacy::{self, coord::DispatcherState as LegacyDispatcher};
 
+/// TensorFlow's dispatcher as formats 4 and 5 hold it.
 type LegacyTfData = legacy::tf::TfDataState;
+
+mod v5;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
 const FORMAT_VERSION: u32 = 6;
@@ -91,7 +95,7 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
         }
         Some(5) => {
             let body = files::unframe(MAGIC, 5, bytes).map_err(corrupt)?;
-            let v5: SnapshotBodyV5 =
+            let v5: v5::SnapshotBodyV5 =
                 codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
             return Ok(v5.into());
         }
@@ -137,7 +141,7 @@ struct SnapshotBodyV1 {
 
 #[derive(Deserialize)]
 struct StateV1 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<ClusterV2>,
     dispatcher: LegacyDispatcher,
@@ -154,7 +158,7 @@ impl From<SnapshotBodyV1> for SnapshotBody {
         SnapshotBody {
             meta: v1.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster: cluster.map(Cluster::from),
                 dispatcher: legacy::convert(dispatcher, Default::default()),
@@ -174,7 +178,7 @@ struct SnapshotBodyV2 {
 
 #[derive(Deserialize)]
 struct StateV2 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<ClusterV2>,
     dispatcher: LegacyDispatcher,
@@ -193,7 +197,7 @@ impl From<SnapshotBodyV2> for SnapshotBody {
         SnapshotBody {
             meta: v2.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster: cluster.map(Cluster::from),
                 dispatcher: legacy::convert(dispatcher, Default::default()),
@@ -213,7 +217,7 @@ struct SnapshotBodyV3 {
 
 #[derive(Deserialize)]
 struct StateV3 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<Cluster>,
     dispatcher: LegacyDispatcher,
@@ -232,7 +236,7 @@ impl From<SnapshotBodyV3> for SnapshotBody {
         SnapshotBody {
             meta: v3.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster,
                 dispatcher: legacy::convert(dispatcher, Default::default()),
@@ -252,7 +256,7 @@ struct SnapshotBodyV4 {
 
 #[derive(Deserialize)]
 struct StateV4 {
-    kv: crate::state::KvStore,
+    kv: crate::state::KvStoreBeforeRaw,
     sessions: crate::state::SessionTable,
     cluster: Option<Cluster>,
     dispatcher: LegacyDispatcher,
@@ -273,55 +277,12 @@ impl From<SnapshotBodyV4> for SnapshotBody {
         SnapshotBody {
             meta: v4.meta,
             state: CoordState {
-                kv,
+                kv: kv.into(),
                 sessions,
                 cluster,
                 dispatcher: legacy::convert(dispatcher, tfdata),
                 runs,
                 quota: Default::default(),
-            },
-        }
-    }
-}
-
-/// A snapshot of format 5: two dispatchers, coord's and TensorFlow's.
-#[derive(Deserialize)]
-struct SnapshotBodyV5 {
-    meta: SnapshotMeta,
-    state: StateV5,
-}
-
-#[derive(Deserialize)]
-struct StateV5 {
-    kv: crate::state::KvStore,
-    sessions: crate::state::SessionTable,
-    cluster: Option<Cluster>,
-    dispatcher: LegacyDispatcher,
-    runs: crate::state::JobRuns,
-    tfdata: LegacyTfData,
-    quota: crate::state::Quota,
-}
-
-impl From<SnapshotBodyV5> for SnapshotBody {
-    fn from(v5: SnapshotBodyV5) -> Self {
-        let StateV5 {
-            kv,
-            sessions,
-            cluster,
-            dispatcher,
-            runs,
-            tfdata,
-            quota,
-        } = v5.state;
-        SnapshotBody {
-            meta: v5.meta,
-            state: CoordState {
-                kv,
-                sessions,
-                cluster,
-                dispatcher: legacy::convert(dispatcher, tfdata),
-                runs,
-                quota,
             },
         }
     }
@@ -415,7 +376,7 @@ mod tests {
         #[derive(Serialize)]
         struct V1<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
             dispatcher: &'a LegacyDispatcher,
@@ -437,7 +398,7 @@ mod tests {
             "snapshot",
             &V1 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: &s.cluster,
                 dispatcher: &LegacyDispatcher::default(),
@@ -470,7 +431,7 @@ mod tests {
         #[derive(Serialize)]
         struct V2<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: Option<ClusterV2<'a>>,
             dispatcher: &'a LegacyDispatcher,
@@ -497,7 +458,7 @@ mod tests {
             "snapshot",
             &V2 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: Some(ClusterV2 {
                     config: &c.config,
@@ -544,7 +505,7 @@ mod tests {
         #[derive(Serialize)]
         struct V4<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
             dispatcher: &'a LegacyDispatcher,
@@ -570,7 +531,7 @@ mod tests {
             "snapshot",
             &V4 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: &s.cluster,
                 dispatcher: &LegacyDispatcher::default(),
@@ -592,7 +553,7 @@ mod tests {
         #[derive(Serialize)]
         struct V3<'a> {
             meta: &'a SnapshotMeta,
-            kv: &'a crate::state::KvStore,
+            kv: &'a crate::state::KvStoreBeforeRaw,
             sessions: &'a crate::state::SessionTable,
             cluster: &'a Option<crate::state::Cluster>,
             dispatcher: &'a LegacyDispatcher,
@@ -623,7 +584,7 @@ mod tests {
             "snapshot",
             &V3 {
                 meta: &b.meta,
-                kv: &s.kv,
+                kv: &s.kv.to_before_raw(),
                 sessions: &s.sessions,
                 cluster: &s.cluster,
                 dispatcher: &LegacyDispatcher::default(),

@@ -4,6 +4,7 @@
 //! - [`tf`]: `tensorflow.CoordinationService`, as TensorFlow's agents speak it.
 //! - [`xla`]: `xla.coordination.CoordinationService`, as jaxlib speaks it, with its error details.
 //! - [`kv`]: `coord.kv.KeyValue`: atomic increment and key watches.
+//! - [`raw_kv`]: `coord.kv.RawKeys`: the raw key space (torch's store, through coord-proxy).
 //! - [`coordination`]: `coord.coordination.Coordination`: error polling and task states for coord's
 //!   own agent.
 //! - [`dispatcher`]: `coord.dispatcher.Dispatcher`: coord's protocol of the tf.data dispatcher,
@@ -44,6 +45,7 @@ pub mod http;
 pub mod kv;
 pub mod oversized;
 pub mod payloads;
+pub mod raw_kv;
 pub mod tf;
 pub mod tfdata;
 pub mod wire;

@@ -376,6 +376,15 @@ impl Replica {
         ))
         .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
         .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        let raw = Arc::new(crate::serve::raw_kv::RawCore {
+            kv: this.kv.clone(),
+            parked: this.hub.raw.clone(),
+        });
+        let raw_svc = coord_proto::coord::kv::raw_keys_server::RawKeysServer::new(
+            crate::api::raw_kv::RawKeyService::new(this.router.clone(), raw),
+        )
+        .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let dispatcher = DispatcherServer::new(crate::api::dispatcher::DispatcherService::new(
             this.router.clone(),
             this.dispatcher.clone(),
@@ -411,6 +420,7 @@ impl Replica {
             .add_service(admin)
             .add_service(coordination)
             .add_service(kv_svc)
+            .add_service(raw_svc)
             .add_service(dispatcher)
             .add_service(tfdata);
         let raft_runtime = this

@@ -22,6 +22,9 @@ pub type BarrierWaiters = WaitRegistry<(String, i64), ()>;
 pub type ErrorWaiters = WaitRegistry<(), u64>;
 /// Task watches (XLA's WatchTasks); woken whenever a task's record changed.
 pub type TaskWaiters = WaitRegistry<(), ()>;
+/// Waits on raw keys (a multi-key wait, a counted barrier, a blocking pop), by the key each is
+/// parked on; woken whenever that key's value or queue changed, to look again.
+pub type RawWaiters = WaitRegistry<Bytes, ()>;
 
 /// A barrier instance with a deadline, for the leader's timer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +41,7 @@ pub struct ApplyHub {
     pub barriers: Arc<BarrierWaiters>,
     pub errors: Arc<ErrorWaiters>,
     pub tasks: Arc<TaskWaiters>,
+    pub raw: Arc<RawWaiters>,
     /// Key-value changes for watches.
     pub watches: Arc<WatchHub>,
     /// Read access to the state, set once storage is open (to restart watch history after a
@@ -59,6 +63,7 @@ impl ApplyHub {
             barriers: Arc::new(WaitRegistry::new(budget.clone())),
             errors: Arc::new(WaitRegistry::new(budget.clone())),
             tasks: Arc::new(WaitRegistry::new(budget.clone())),
+            raw: Arc::new(WaitRegistry::new(budget.clone())),
             budget,
             watches: Arc::default(),
             reader: std::sync::OnceLock::new(),
@@ -85,7 +90,7 @@ impl ApplyHub {
 
     /// Every parked call, of every kind.
     pub fn parked(&self) -> usize {
-        self.kv.len() + self.barriers.len() + self.errors.len() + self.tasks.len()
+        self.kv.len() + self.barriers.len() + self.errors.len() + self.tasks.len() + self.raw.len()
     }
 
     /// This replica stopped leading: every parked call fails so that it is re-driven elsewhere.
@@ -94,6 +99,7 @@ impl ApplyHub {
         self.barriers.wake_all(|| Wake::LeaderLost);
         self.errors.wake_all(|| Wake::LeaderLost);
         self.tasks.wake_all(|| Wake::LeaderLost);
+        self.raw.wake_all(|| Wake::LeaderLost);
     }
 }
 
@@ -180,6 +186,7 @@ impl ApplyListener for ApplyHub {
                     // again (and are told their run ended).
                     self.barriers.wake_all(|| Wake::Recheck);
                 }
+                Change::RawChanged { key } => self.raw.wake(key, &()),
                 Change::TaskChanged { task } => {
                     self.log_task(task);
                     self.tasks.wake(&(), &())
@@ -208,6 +215,7 @@ impl ApplyListener for ApplyHub {
         self.barriers.wake_all(|| Wake::Recheck);
         self.errors.wake_all(|| Wake::Recheck);
         self.tasks.wake_all(|| Wake::Recheck);
+        self.raw.wake_all(|| Wake::Recheck);
         if let Some(reader) = self.reader.get() {
             self.watches
                 .restart_at(reader.read(|a| a.state.kv.revision()));

@@ -3,7 +3,8 @@
 //! - [`route`]: runs every call on the leader: locally, or forwarded from a follower, and driven
 //!   again, with the same request id, when leadership moves.
 //! - [`kv`], [`coordination`], [`dispatcher`]: the semantics, written once for every surface
-//!   (the dispatcher's two surfaces, TensorFlow's and coord's, are thin adapters inside it).
+//!   (the dispatcher's two surfaces, TensorFlow's and coord's, are thin adapters inside it);
+//!   [`raw_kv`]: the raw key space (torch's store keys), its limits and its waits.
 //! - [`proposer`]: writes batched into Raft entries; [`read_index`]: linearizable reads, batched.
 //! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
 //!   key changes in the [`watch_hub`].
@@ -21,6 +22,7 @@ pub mod kv;
 pub mod parked;
 pub mod proposer;
 pub mod quota;
+pub mod raw_kv;
 pub mod read_index;
 pub mod route;
 pub mod watch_hub;

@@ -425,6 +425,9 @@ fn waits_on_the_service(method: &str) -> bool {
                 | "RemoveMember"
                 | "tfdata/MaybeRemoveTask"
                 | "tfdata/GetOrCreateIteration"
+                | "raw/Wait"
+                | "raw/Barrier"
+                | "raw/QueuePop"
         ),
     }
 }

@@ -1,0 +1,213 @@
+//! `coord.kv.RawKeys`: the raw key space's wire adapter (the semantics are in
+//! [`RawCore`](crate::serve::raw_kv::RawCore)). Every method is routed to the leader; mutations
+//! carry request ids, waits park there.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use coord_proto::coord::kv as pb;
+use coord_proto::coord::kv::raw_keys_client::RawKeysClient;
+use coord_proto::coord::kv::raw_keys_server::RawKeys;
+use tonic::{Request, Response, Status};
+
+use crate::serve::raw_kv::RawCore;
+use crate::serve::route::{Kind, Router};
+
+pub struct RawKeyService {
+    router: Arc<Router>,
+    raw: Arc<RawCore>,
+}
+
+impl RawKeyService {
+    pub fn new(router: Arc<Router>, raw: Arc<RawCore>) -> Self {
+        Self { router, raw }
+    }
+}
+
+fn value(v: Option<Bytes>) -> pb::RawValue {
+    pb::RawValue {
+        found: v.is_some(),
+        value: v.unwrap_or_default(),
+    }
+}
+
+/// Routes one method: `$name` is its name for routing and metrics, `$kind` Read or Write, `$local`
+/// a closure (message, request id) serving it here, `$method` the client's method for forwards.
+macro_rules! route {
+    ($self:ident, $req:ident, $name:literal, $kind:expr, $method:ident,
+     |$raw:ident, $m:ident, $id:pat_param| $body:block) => {{
+        let $raw: &RawCore = &$self.raw;
+        $self
+            .router
+            .route(
+                concat!("raw/", $name),
+                $kind,
+                $req,
+                |$m, $id| async move $body,
+                |ch, r| async move { RawKeysClient::new(ch).$method(r).await },
+            )
+            .await
+    }};
+}
+
+#[tonic::async_trait]
+impl RawKeys for RawKeyService {
+    async fn set(
+        &self,
+        req: Request<pb::RawSetRequest>,
+    ) -> Result<Response<pb::RawSetResponse>, Status> {
+        route!(self, req, "Set", Kind::Write, set, |raw, m, id| {
+            let entries = m.entries.into_iter().map(|e| (e.key, e.value)).collect();
+            raw.set(id, entries).await?;
+            Ok(pb::RawSetResponse {})
+        })
+    }
+
+    async fn get(
+        &self,
+        req: Request<pb::RawGetRequest>,
+    ) -> Result<Response<pb::RawGetResponse>, Status> {
+        route!(self, req, "Get", Kind::Read, get, |raw, m, _| {
+            let values = raw.get(&m.keys).await?;
+            Ok(pb::RawGetResponse {
+                values: values.into_iter().map(value).collect(),
+            })
+        })
+    }
+
+    async fn compare_set(
+        &self,
+        req: Request<pb::RawCompareSetRequest>,
+    ) -> Result<Response<pb::RawCompareSetResponse>, Status> {
+        route!(
+            self,
+            req,
+            "CompareSet",
+            Kind::Write,
+            compare_set,
+            |raw, m, id| {
+                let current = raw.compare_set(id, m.key, m.expected, m.desired).await?;
+                Ok(pb::RawCompareSetResponse {
+                    current: Some(value(current)),
+                })
+            }
+        )
+    }
+
+    async fn add(
+        &self,
+        req: Request<pb::RawAddRequest>,
+    ) -> Result<Response<pb::RawAddResponse>, Status> {
+        route!(self, req, "Add", Kind::Write, add, |raw, m, id| {
+            let value = raw.add(id, m.key, m.delta).await?;
+            Ok(pb::RawAddResponse { value })
+        })
+    }
+
+    async fn append(
+        &self,
+        req: Request<pb::RawAppendRequest>,
+    ) -> Result<Response<pb::RawAppendResponse>, Status> {
+        route!(self, req, "Append", Kind::Write, append, |raw, m, id| {
+            raw.append(id, m.key, m.value).await?;
+            Ok(pb::RawAppendResponse {})
+        })
+    }
+
+    async fn delete(
+        &self,
+        req: Request<pb::RawDeleteRequest>,
+    ) -> Result<Response<pb::RawDeleteResponse>, Status> {
+        route!(self, req, "Delete", Kind::Write, delete, |raw, m, id| {
+            let deleted = raw.delete(id, m.key).await?;
+            Ok(pb::RawDeleteResponse { deleted })
+        })
+    }
+
+    async fn queue_push(
+        &self,
+        req: Request<pb::RawQueuePushRequest>,
+    ) -> Result<Response<pb::RawQueuePushResponse>, Status> {
+        route!(
+            self,
+            req,
+            "QueuePush",
+            Kind::Write,
+            queue_push,
+            |raw, m, id| {
+                raw.queue_push(id, m.key, m.value).await?;
+                Ok(pb::RawQueuePushResponse {})
+            }
+        )
+    }
+
+    async fn queue_pop(
+        &self,
+        req: Request<pb::RawQueuePopRequest>,
+    ) -> Result<Response<pb::RawQueuePopResponse>, Status> {
+        route!(
+            self,
+            req,
+            "QueuePop",
+            Kind::Write,
+            queue_pop,
+            |raw, m, id| {
+                let (popped, length) = raw.queue_pop(id, m.key, m.block).await?;
+                Ok(pb::RawQueuePopResponse {
+                    value: Some(value(popped)),
+                    length: length as i64,
+                })
+            }
+        )
+    }
+
+    async fn queue_len(
+        &self,
+        req: Request<pb::RawQueueLenRequest>,
+    ) -> Result<Response<pb::RawQueueLenResponse>, Status> {
+        route!(self, req, "QueueLen", Kind::Read, queue_len, |raw, m, _| {
+            let length = raw.queue_len(&m.key).await?;
+            Ok(pb::RawQueueLenResponse { length })
+        })
+    }
+
+    async fn check(
+        &self,
+        req: Request<pb::RawKeysRequest>,
+    ) -> Result<Response<pb::RawCheckResponse>, Status> {
+        route!(self, req, "Check", Kind::Read, check, |raw, m, _| {
+            let ready = raw.check(&m.keys).await?;
+            Ok(pb::RawCheckResponse { ready })
+        })
+    }
+
+    async fn wait(
+        &self,
+        req: Request<pb::RawKeysRequest>,
+    ) -> Result<Response<pb::RawWaitResponse>, Status> {
+        route!(self, req, "Wait", Kind::Read, wait, |raw, m, _| {
+            raw.wait(&m.keys).await?;
+            Ok(pb::RawWaitResponse {})
+        })
+    }
+
+    async fn barrier(
+        &self,
+        req: Request<pb::RawBarrierRequest>,
+    ) -> Result<Response<pb::RawBarrierResponse>, Status> {
+        route!(self, req, "Barrier", Kind::Write, barrier, |raw, m, id| {
+            let count = raw.barrier(id, m.key, m.world_size).await?;
+            Ok(pb::RawBarrierResponse { count })
+        })
+    }
+
+    async fn list(
+        &self,
+        req: Request<pb::RawListRequest>,
+    ) -> Result<Response<pb::RawListResponse>, Status> {
+        route!(self, req, "List", Kind::Read, list, |raw, m, _| {
+            let (count, keys) = raw.list(&m.prefix, m.with_keys).await?;
+            Ok(pb::RawListResponse { count, keys })
+        })
+    }
+}
