@@ -31,6 +31,9 @@ mod legacy;
 const MAGIC: &[u8; 8] = b"COORDSNP";
 const FORMAT_VERSION: u32 = 5;
 const FILE_NAME: &str = "snapshot.bin";
+/// The base a restored replica starts from, beside the current snapshot: written by
+/// [`super::backup`], read here when there is no snapshot yet.
+pub const BASE_FILE: &str = "base.bin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -141,7 +144,7 @@ impl SnapshotDir {
 
     /// The base state of a restored replica (see [`super::backup`]), if there is one.
     pub(crate) fn load_base(&self) -> Result<Option<SnapshotBody>, SnapshotError> {
-        let path = self.dir.join(super::backup::BASE_FILE);
+        let path = self.dir.join(BASE_FILE);
         match files::read_if_exists(&path).map_err(|source| SnapshotError::Io {
             path: path.clone(),
             source,
