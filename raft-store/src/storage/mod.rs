@@ -160,7 +160,7 @@ fn open_engine(raft_dir: &Path, engine: RaftLogEngine) -> Result<engine::OpenEng
             Ok((Box::new(wal), Box::new(files)))
         }
         RaftLogEngine::Sled => {
-            let (log, files) = sled_log::SledLog::open(&raft_dir.join(sled_log::DIR))?;
+            let (log, files) = sled_log::SledLog::open(&raft_dir.join(engine::SLED_DIR))?;
             Ok((Box::new(log), Box::new(files)))
         }
     }
