@@ -264,9 +264,11 @@ fn the_circle_check_sees_exactly_the_uses() {
         "lib.rs",
         "//! Uses `crate::low::Low`, in words only.\nmod low;\nmod mid;\nmod top;\nmod pair;\nmod glob;\npub use low::Low;\npub use std::fmt;\n",
     );
+    // A macro's `super::` is its expansion site's: no edge to top.rs from where it is written;
+    // its `$crate::` is absolute (through the re-export, to pair/child.rs).
     write(
         "low.rs",
-        "pub struct Low;\n#[cfg(test)]\nmod tests { use super::*; fn f() -> Low { Low } }\nconst S: &str = \"crate::top::Top\";\n",
+        "pub struct Low;\n#[cfg(test)]\nmod tests { use super::*; fn f() -> Low { Low } }\nconst S: &str = \"crate::top::Top\";\nmacro_rules! m { () => { super::top::Top; $crate::pair::Child } }\n",
     );
     // A re-export of the root is seen through: `crate::Low` is low.rs's, `crate::fmt` std's.
     write(
@@ -315,6 +317,7 @@ fn the_circle_check_sees_exactly_the_uses() {
         ("glob/mod.rs", "glob/a.rs"),
         ("glob/mod.rs", "glob/b.rs"),
         ("glob/b.rs", "glob/a.rs"),
+        ("low.rs", "pair/child.rs"),
         ("pair/mod.rs", "pair/child.rs"),
         ("pair/child.rs", "pair/mod.rs"),
     ]

@@ -14,7 +14,8 @@
 //! names ([`Ref`]): each leaf of a `use`, and each path of two or more segments (`a::b`,
 //! `super::x`, `crate::a::b`, `$crate::a` in macros) anywhere else, attributes aside — and every
 //! lone name, which a glob import may have brought in. Declaring a module (`mod x;`) is not a
-//! path: a parent does not use its child by declaring it.
+//! path: a parent does not use its child by declaring it. A `macro_rules!` body's paths are
+//! resolved where the macro is expanded, so only its crate-absolute ones (`$crate::…`) are read.
 //!
 //! Resolution is in `graph.rs`; this module only reads.
 
@@ -198,6 +199,21 @@ impl Crate {
                     }
                     i = end + 1;
                 }
+                // A macro's body: its paths are resolved where it is expanded, except the
+                // crate's own (`$crate::…`), which are the only ones read here.
+                TokenTree::Ident(kw) if kw == "macro_rules" && is_punct(tokens.get(i + 1), '!') => {
+                    if let (Some(TokenTree::Ident(name)), Some(TokenTree::Group(body))) =
+                        (tokens.get(i + 2), tokens.get(i + 3))
+                    {
+                        if top {
+                            self.modules[m].items.insert(name.to_string());
+                        }
+                        self.scan_macro_body(m, body.stream());
+                        i += 4;
+                    } else {
+                        i += 1;
+                    }
+                }
                 // An item's keyword (`'static` is a lifetime, not one).
                 TokenTree::Ident(kw)
                     if top
@@ -234,6 +250,32 @@ impl Crate {
             }
         }
         Ok(())
+    }
+
+    /// Records the crate-absolute paths (`$crate::…`, `crate::…`) of a `macro_rules!` body.
+    fn scan_macro_body(&mut self, m: ModId, body: TokenStream) {
+        let tokens: Vec<TokenTree> = body.into_iter().collect();
+        let mut i = 0;
+        while i < tokens.len() {
+            if let TokenTree::Group(g) = &tokens[i] {
+                self.scan_macro_body(m, g.stream());
+                i += 1;
+                continue;
+            }
+            match path_at(&tokens, i) {
+                Some((path, line, next)) => {
+                    if path.len() >= 2 && path[0] == "crate" {
+                        self.modules[m].refs.push(Ref {
+                            path,
+                            line,
+                            kind: RefKind::Code,
+                        });
+                    }
+                    i = next;
+                }
+                None => i += 1,
+            }
+        }
     }
 
     fn import(&mut self, m: ModId, top: bool, leaf: Leaf, line: usize) {
