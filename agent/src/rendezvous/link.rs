@@ -2,11 +2,11 @@
 //!
 //! A receiver pulls: `RecvTensor` waits on the producer until the tensor is sent, then sends a
 //! header and the bytes. [`LinkService::serve`] answers on one port in two ways: over the
-//! [`direct`](super::direct) link (plain framed TCP), which the receivers' [`Links`](super::links)
+//! [`direct`] link (plain framed TCP), which the receivers' [`Links`](super::links)
 //! use first because a small tensor's round trip is several times shorter there, and over gRPC,
 //! for peers that do not speak the direct link, and for the peer heartbeats.
 //!
-//! Over gRPC the bytes stream in [`CHUNK_BYTES`](super::wire::CHUNK_BYTES) chunks (slices of the
+//! Over gRPC the bytes stream in [`CHUNK_BYTES`] chunks (slices of the
 //! producer's buffer). No message is ever larger than a chunk, so a tensor has no size ceiling
 //! (gRPC's is 4 GiB a message, tonic's default 4 MiB); message limits and HTTP/2 windows are set
 //! for this traffic rather than left at tonic's defaults (4 MiB messages, 64 KiB windows).

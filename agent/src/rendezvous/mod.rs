@@ -10,7 +10,7 @@
 //! - [`wire`]: what both ends of a link agree on: the tensor header both transports send, the
 //!   address key, the gRPC limits.
 //! - [`direct`]: the direct link, `RecvTensor` over plain framed TCP, which receives use first;
-//!   it serves whatever [`direct::Producer`] answers its calls.
+//!   it serves whatever `direct::Producer` answers its calls.
 //! - [`links`]: a worker's client side of its peers' links: direct first, gRPC otherwise.
 //! - [`mgr`]: the manager of a worker's steps (`find`, `recv_local`, `cleanup`), and the
 //!   [`RemoteRendezvous`] that fetches a tensor from the task that produced it.

@@ -7,7 +7,7 @@
 //! re-drives it on the new leader, where the committed arrival is found again.
 //!
 //! [`CoordCore`] is here with the calls that answer at once (registration, heartbeats, errors,
-//! task states, runs); the calls that wait, and how they park, are in [`waits`], which builds on
+//! task states, runs); the calls that wait, and how they park, are in `waits`, which builds on
 //! this module and is not used by it.
 
 mod waits;

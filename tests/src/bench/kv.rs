@@ -11,9 +11,9 @@
 //! in the same rounds, and a table of it against the segment log (the first ensemble's) and etcd,
 //! with every system's data directory size after the load rounds.
 //!
-//! Modules, bottom up: [`plan`] (the flags, the workloads, the systems' labels), [`tables`] (the
-//! results and the tables they make), [`systems`] (starting each system, running a workload on
-//! it), [`sizes`] (data directories on disk). This module runs the rounds and the leader kills.
+//! Modules, bottom up: `plan` (the flags, the workloads, the systems' labels), `tables` (the
+//! results and the tables they make), `systems` (starting each system, running a workload on
+//! it), `sizes` (data directories on disk). This module runs the rounds and the leader kills.
 
 mod plan;
 mod sizes;

@@ -10,7 +10,7 @@
 //! sleeps. A failure of the harness (a process that died or sent nothing in time) panics with
 //! that process's stderr; what TensorFlow answers, errors included, is returned.
 //!
-//! Modules, bottom up: [`error`] (what TensorFlow reported); [`proc`] (one script process and
+//! Modules, bottom up: `error` (what TensorFlow reported); [`proc`] (one script process and
 //! its events); [`read`] (readers, what they read and what they got). This module starts the
 //! processes.
 

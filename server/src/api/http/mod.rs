@@ -1,9 +1,9 @@
-//! The HTTP port: `/livez`, `/readyz`, `/status` (JSON, see [`health`]), `/metrics` (Prometheus
+//! The HTTP port: `/livez`, `/readyz`, `/status` (JSON, see `health`), `/metrics` (Prometheus
 //! text, see [`metrics`]) and the status page (see [`page`]).
 //!
 //! The port sees a replica only through [`Observed`], which [`crate::replica`] builds: what it
-//! reads, and nothing it could change. Modules, bottom up: [`observed`], then the handlers
-//! ([`health`], [`metrics`], [`page`]); this module only routes.
+//! reads, and nothing it could change. Modules, bottom up: `observed`, then the handlers
+//! (`health`, [`metrics`], [`page`]); this module only routes.
 
 mod health;
 mod metrics;

@@ -27,7 +27,7 @@
 //!
 //! Modules, bottom up:
 //!
-//! - [`harness`]: the flags, coord's ensemble and coord-proxy, `/metrics`, CPU seconds.
+//! - `harness`: the flags, coord's ensemble and coord-proxy, `/metrics`, CPU seconds.
 //! - [`script`]: one process of `tf_bench.py` and its JSON events (TF's dispatcher among them).
 //! - [`throughput`]: the alternating throughput rounds.
 //! - [`outage`]: the kill-to-next-split measurements.
