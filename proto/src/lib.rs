@@ -1,27 +1,32 @@
 //! coord-proto: every wire schema of coord, compiled by `build.rs` with `protox`.
 //!
-//! - [`tensorflow`]: `tensorflow.CoordinationService`, TensorFlow's coordination service schema,
-//!   including the fields TensorFlow added later (`allow_overwrite`, barrier `counter`); the
-//!   framework messages (`GraphDef`, `TensorProto`...) the tf.data service carries.
-//! - [`tensorflow::data`]: TensorFlow 2.21's tf.data service (`DispatcherService`,
-//!   `WorkerService`), written out of the wheel's own descriptors by `tests/tf/tf_schema.py`.
-//! - [`xla::coordination`]: `xla.coordination.CoordinationService`, what jaxlib 0.10+ speaks;
-//!   [`tensorflow::distributed_runtime`] carries its error details.
-//! - [`coord::raft`]: the Raft transport between replicas.
-//! - [`coord::admin`]: administration of the ensemble: status, tasks, barriers, snapshots,
-//!   membership changes (`coordctl member add|remove|list`), service shutdown.
-//! - [`coord::coordination`]: error polling and task states, beside the TF service.
-//! - [`coord::kv`]: atomic increment, key watches, and the raw key space (torch's store).
-//! - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
-//! - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
+//! The modules, bottom up. Each uses only modules listed before it, so there is no import circle
+//! (`tests/tests/house.rs` checks every crate for one):
+//!
+//! - [`codec`]: the prost codec every service uses, with small initial buffers.
+//! - [`fuzz`]: the deterministic random stream of the fuzz tests.
+//! - The generated schemas, written in this file (each service's code uses [`codec`]):
+//!   - [`tensorflow`]: `tensorflow.CoordinationService`, TensorFlow's coordination service
+//!     schema, including the fields TensorFlow added later (`allow_overwrite`, barrier
+//!     `counter`); the framework messages (`GraphDef`, `TensorProto`...) the tf.data service
+//!     carries.
+//!   - [`tensorflow::data`]: TensorFlow 2.21's tf.data service (`DispatcherService`,
+//!     `WorkerService`), written out of the wheel's own descriptors by `tests/tf/tf_schema.py`.
+//!   - [`xla::coordination`]: `xla.coordination.CoordinationService`, what jaxlib 0.10+ speaks;
+//!     [`tensorflow::distributed_runtime`] carries its error details.
+//!   - [`coord::raft`]: the Raft transport between replicas.
+//!   - [`coord::admin`]: administration of the ensemble: status, tasks, barriers, snapshots,
+//!     membership changes (`coordctl member add|remove|list`), service shutdown.
+//!   - [`coord::coordination`]: error polling and task states, beside the TF service.
+//!   - [`coord::kv`]: atomic increment, key watches, and the raw key space (torch's store).
+//!   - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
+//!   - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
+//! - [`conn`]: gRPC connections: fewer, larger socket writes, and the Raft preface.
+//! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
+//! - [`tls`]: TLS configurations and the identities certificates carry.
 //! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.
 //! - [`tf_dataset`]: the split providers TF 2.21's tf.data dispatcher makes for a client's
 //!   dataset graph (`DatasetDef`), and split `i` of each, derived without TensorFlow.
-//! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
-//! - [`fuzz`]: the deterministic random stream of the fuzz tests.
-//! - [`codec`]: the prost codec every service uses, with small initial buffers.
-//! - [`tls`]: TLS configurations and the identities certificates carry.
-//! - [`conn`]: gRPC connections: fewer, larger socket writes, and the Raft preface.
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
 

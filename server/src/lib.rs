@@ -1,14 +1,14 @@
 //! coord-server: one replica of a coord ensemble (binary `coordinator`).
 //!
 //! The crate is in four layers, each a folder; [`replica`] wires them together and owns the order
-//! in which they start and stop.
+//! in which they start and stop. Bottom up: [`error`] (the error type and its one mapping to gRPC
+//! codes) and [`tasks`] (ownership of background loops) use nothing of the crate; then:
 //!
-//! - [`api`]: one wire adapter per surface. Each decodes its protocol's messages, hands the call to
-//!   the router and encodes the answer; none holds semantics. TensorFlow's
-//!   `tensorflow.CoordinationService` ([`api::tf`]), jaxlib's `xla.coordination.CoordinationService`
-//!   ([`api::xla`]), and coord's own: key-value increments and watches ([`api::kv`]), error polling
-//!   ([`api::coordination`]), the tf.data dispatcher ([`api::dispatcher`]), administration
-//!   ([`api::admin`]).
+//! - [`ops`]: what an operator sets and reads: flags, the data directory's identity, TLS and who
+//!   may do what, per-client limits, request ids, metrics.
+//! - [`raft`]: the Raft node's side of the network and of leadership: the openraft network adapter
+//!   and its receiving service, Raft links and pre-appends, the port's accept loop, peer channels,
+//!   who leads, prompt elections, membership changes.
 //! - [`serve`]: what a call does once it reaches the leader. The [`serve::route`] router runs every
 //!   call on the leader (forwarding, re-driving across leader changes); the semantics are written
 //!   once for every surface ([`serve::kv`], [`serve::coordination`], [`serve::dispatcher`]); writes
@@ -16,15 +16,17 @@
 //!   applied changes reach the [`serve::apply_hub`], which wakes [`serve::parked`] calls and feeds
 //!   the [`serve::watch_hub`]; leader duties run beside them (heartbeat checks, barrier deadlines,
 //!   cluster set-up).
-//! - [`raft`]: the Raft node's side of the network and of leadership: the openraft network adapter
-//!   and its receiving service, Raft links and pre-appends, the port's accept loop, peer channels,
-//!   who leads, prompt elections, membership changes.
-//! - [`ops`]: what an operator sets and reads: flags, the data directory's identity, TLS and who
-//!   may do what, per-client limits, request ids, the HTTP port (health, status, metrics, the
-//!   status page).
+//! - [`api`]: one wire adapter per surface. Each decodes its protocol's messages, hands the call to
+//!   the router and encodes the answer; none holds semantics. TensorFlow's
+//!   `tensorflow.CoordinationService` ([`api::tf`]), jaxlib's `xla.coordination.CoordinationService`
+//!   ([`api::xla`]), and coord's own: key-value increments and watches ([`api::kv`]), error polling
+//!   ([`api::coordination`]), the tf.data dispatcher ([`api::dispatcher`]), administration
+//!   ([`api::admin`]); and the HTTP port (health, status, metrics, the status page).
 //!
-//! Beside them: [`error`] (the error type and its one mapping to gRPC codes) and [`tasks`]
-//! (ownership of background loops).
+//! Two uses go down-to-up, and neither closes a circle: `ops::tls`, which assembles a replica's
+//! TLS, makes the Raft links' (`raft::link_tls`), and a leadership hand-off (`raft::handoff`)
+//! drains `serve::proposer`. No file uses another that uses it back, directly or round a longer
+//! circle: `tests/tests/house.rs` checks every crate for one.
 
 pub mod api;
 pub mod error;

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use coord_agent::rendezvous::link::{self, LinkService, Links};
+use coord_agent::rendezvous::link::{self, LinkService};
+use coord_agent::rendezvous::links::Links;
 use coord_agent::rendezvous::peers::{job_tasks, OnPeer, PeerEvent, PeerMonitor, PeerOptions};
 use coord_agent::rendezvous::{DType, ParsedKey, RendezvousMgr, Tensor, WorkerSession};
 use coord_agent::{Agent, AgentConfig, AgentState, CoordClient};

@@ -23,8 +23,9 @@
 //! A call's connection belongs to its future: a receive given up (dropped) drops the connection
 //! with it, so an answer never arrives for the wrong call, and the producer, which watches the
 //! connection while it waits for the tensor, gives the tensor back. Idle connections are pooled by
-//! [`super::link::Links`].
+//! [`super::links::Links`].
 
+use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,8 +39,8 @@ use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
 use super::buffers::BufferPool;
-use super::link::{header_of, LinkService, MAX_PREALLOCATED};
-use super::Received;
+use super::wire::{check_header, header_of, MAX_PREALLOCATED};
+use super::{Received, Tensor};
 
 /// What a direct link's caller sends first, and the producer answers. As long as the Raft links'
 /// prefaces, and unlike an HTTP/2 or TLS client's first bytes.
@@ -150,7 +151,7 @@ impl Conn {
         let header = TensorHeader::decode(body).map_err(|e| {
             CallError::Malformed(Status::data_loss(format!("an undecodable header: {e}")))
         })?;
-        let (dtype, total) = super::link::check_header(&header).map_err(CallError::Malformed)?;
+        let (dtype, total) = check_header(&header).map_err(CallError::Malformed)?;
         let mut data = buffers
             .take(usize::try_from(total).map_or(MAX_PREALLOCATED, |t| t.min(MAX_PREALLOCATED)));
         read_data(&mut self.stream, &mut data, total).await?;
@@ -162,7 +163,7 @@ impl Conn {
             )));
         }
         let data = BufferPool::freeze(buffers, data);
-        let tensor = super::Tensor::new(dtype, header.shape, data)
+        let tensor = Tensor::new(dtype, header.shape, data)
             .map_err(|e| CallError::Malformed(Status::data_loss(e)))?;
         Ok(Received {
             tensor,
@@ -233,9 +234,20 @@ fn decode_error(body: &[u8]) -> CallError {
     ))
 }
 
+/// The producer's side of a call: what a direct link's port serves. The link service implements
+/// it (`super::link`) with the handler that answers gRPC's calls too; the direct link knows only
+/// this, so that it stays below the service.
+pub(super) trait Producer: Clone + Send + Sync + 'static {
+    /// The tensor `request` asks for, once sent.
+    fn take(
+        &self,
+        request: RecvTensorRequest,
+    ) -> impl Future<Output = Result<Received, Status>> + Send;
+}
+
 /// Serves the direct link on `tcp`, whose preface was read: answers it, then each call in turn
 /// as `link` answers gRPC's, until the caller closes the connection.
-async fn serve_connection(mut tcp: TcpStream, link: &LinkService) -> io::Result<()> {
+async fn serve_connection(mut tcp: TcpStream, link: &impl Producer) -> io::Result<()> {
     tcp.write_all(PREFACE).await?;
     let (reader, mut writer) = tcp.split();
     let mut reader = BufReader::with_capacity(READ_BUFFER, reader);
@@ -269,7 +281,7 @@ async fn serve_connection(mut tcp: TcpStream, link: &LinkService) -> io::Result<
 /// through `grpc`.
 pub(super) async fn accept(
     listener: TcpListener,
-    link: LinkService,
+    link: impl Producer,
     grpc: mpsc::Sender<io::Result<TcpStream>>,
 ) {
     loop {

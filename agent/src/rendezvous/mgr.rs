@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use super::link::Links;
+use super::links::Links;
 use super::{LocalRendezvous, ParsedKey, Received, RendezvousError, Tensor};
 
 /// How many cleaned-up step ids are remembered.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use super::link::Links;
+use super::links::Links;
 use super::RendezvousError;
 
 #[derive(Clone, Debug)]

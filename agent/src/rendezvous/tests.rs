@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::direct;
-use super::link::{Directory, LinkService, Links};
+use super::link::LinkService;
+use super::links::{Directory, Links};
 use super::*;
 
 const W1: &str = "/job:worker/replica:0/task:1";
@@ -262,7 +263,7 @@ async fn a_tensor_crosses_a_loopback_link_in_chunks() {
         .expect("initialize");
 
     // Larger than several chunks and not a multiple of the chunk size.
-    let n = 2 * link::CHUNK_BYTES + 123;
+    let n = 2 * wire::CHUNK_BYTES + 123;
     let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
     let sent = Tensor::new(DType::UInt8, vec![n as i64], Bytes::from(data)).expect("tensor");
     let k = key(W1, W2, "big");
@@ -338,7 +339,7 @@ async fn a_tensor_crosses_a_loopback_link_in_chunks() {
     assert!(err.message().contains("\"zz\" is not hexadecimal"), "{err}");
 
     // A worker that predates the direct link still receives over gRPC from this port.
-    let sent = tensor(3 * link::CHUNK_BYTES / 2, 4);
+    let sent = tensor(3 * wire::CHUNK_BYTES / 2, 4);
     producer
         .find(3)
         .send(&key(W1, W2, "grpc"), sent.clone(), false)
@@ -389,7 +390,7 @@ async fn a_peer_that_serves_only_grpc_is_received_from_over_grpc() {
     let producer = RendezvousMgr::new();
     let address = serve_grpc_only(producer.clone(), W1, 5).await;
     let links = static_links(HashMap::from([(W1.to_string(), address)]));
-    for (step, n) in [(1, 4096), (2, 3 * link::CHUNK_BYTES + 7), (3, 0)] {
+    for (step, n) in [(1, 4096), (2, 3 * wire::CHUNK_BYTES + 7), (3, 0)] {
         let sent = produce(&producer, step, "t", n);
         let got = tokio::time::timeout(
             Duration::from_secs(30),

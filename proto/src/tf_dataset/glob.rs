@@ -12,8 +12,14 @@
 //!
 //! `MatchingFiles` sorts what it returns; so does this. Under dynamic sharding only the *number*
 //! of matches matters: the `TensorSliceDataset` over them hands out indexes, not names.
+//!
+//! [`Glob`] is the callback the graph's evaluation takes, so that the rest of the module stays
+//! free of I/O; [`local_matching_paths`] is the one the server passes in.
 
 use std::fs;
+
+/// Glob callback: the sorted matches of one pattern, with TF's `GetMatchingPaths` semantics.
+pub type Glob<'a> = &'a dyn Fn(&str) -> Result<Vec<String>, String>;
 
 const GLOB_CHARS: &[char] = &['*', '?', '[', '\\'];
 

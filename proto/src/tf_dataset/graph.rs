@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::Refusal;
+use super::refusal::Refusal;
 use crate::tensorflow::{GraphDef, NodeDef};
 
 /// The nodes of one graph by name. Borrowed from the `GraphDef`: nothing is copied.

@@ -38,118 +38,29 @@
 //! `ParallelMapDatasetV2` that compresses elements. A graph built by hand (graph mode) can still
 //! carry `MatchingFiles`; it is evaluated through the `glob` callback, so this module stays free
 //! of I/O ([`local_matching_paths`] is the local-filesystem glob the server passes in).
+//!
+//! Its modules, bottom up: `refusal` ([`Refusal`]); `glob` (the [`Glob`] callback, and TF's
+//! local-filesystem glob); `ops` (which role each dataset op plays); `graph` (a `GraphDef`'s
+//! nodes by name, and the root); `tensor` (a source's input tensors, evaluated); `source`
+//! ([`SplitSource`] and its splits); `walk` (`MakeSplitProviders`' walk). This module only
+//! declares them and starts the walk ([`split_sources`]).
 
 mod glob;
 mod graph;
 mod ops;
+mod refusal;
+mod source;
 mod tensor;
 mod walk;
 
 #[cfg(test)]
 mod tests;
 
-pub use glob::local_matching_paths;
-
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
+pub use glob::{local_matching_paths, Glob};
+pub use refusal::Refusal;
+pub use source::SplitSource;
 
 use crate::tensorflow::data::DatasetDef;
-use crate::tensorflow::TensorProto;
-
-/// One split provider of a dataset, as TF 2.21's dispatcher makes it. Small and plain: the
-/// replicated state stores a job's `Vec<SplitSource>` and hands out split `i` as a pure function
-/// of it, so a split handed out again after a failover is the same split.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SplitSource {
-    /// `RangeSplitProvider`: split `i` is the value `start + i * step` (an int64 scalar), for
-    /// every value of `range(start, stop, step)`. `split_sources` only makes ranges whose values
-    /// and the step past the last one stay within int64 (TF's counter wraps around past that).
-    Range { start: i64, stop: i64, step: i64 },
-    /// `IndexSplitProvider(n)`: split `i` is `i` (an int64 scalar), for `i` in `0..n`.
-    Index { n: u64 },
-}
-
-impl SplitSource {
-    /// The number of splits the provider hands out per repetition, before `end_of_splits`.
-    pub fn count(&self) -> u64 {
-        match *self {
-            SplitSource::Range { start, stop, step } => range_count(start, stop, step),
-            SplitSource::Index { n } => n,
-        }
-    }
-
-    /// Split `i`, exactly the `TensorProto` TF sends in `GetSplitResponse.split`; `None` past the
-    /// end (TF answers `end_of_splits` there).
-    pub fn split(&self, i: u64) -> Option<TensorProto> {
-        if i >= self.count() {
-            return None;
-        }
-        let value = match *self {
-            // In range: `start + i * step` lies between start and stop.
-            SplitSource::Range { start, step, .. } => {
-                i64::try_from(i128::from(start) + i128::from(i) * i128::from(step)).ok()?
-            }
-            SplitSource::Index { .. } => i64::try_from(i).ok()?,
-        };
-        Some(tensor::int64_scalar(value))
-    }
-}
-
-/// The number of values of `range(start, stop, step)`; 0 for step 0 (which TF refuses).
-fn range_count(start: i64, stop: i64, step: i64) -> u64 {
-    let (start, stop, step) = (i128::from(start), i128::from(stop), i128::from(step));
-    let n = if step > 0 && start < stop {
-        (stop - start - 1) / step + 1
-    } else if step < 0 && start > stop {
-        (start - stop - 1) / -step + 1
-    } else {
-        0
-    };
-    // At most 2^64 - 1: the span of int64.
-    u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// Why a dataset graph gets no split providers: the op (and node) at fault, and why. TF's own
-/// refusals name the dataset type the same way ("Cannot create split providers for dataset of
-/// type TFRecordDataset...").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// The op type of the node at fault (`TFRecordDataset`, `_Retval`...).
-    pub op: String,
-    /// The node's name in the graph; empty when no node is at fault (no `_Retval` at all).
-    pub node: String,
-    pub reason: String,
-}
-
-impl Refusal {
-    fn new(op: &str, node: &str, reason: impl Into<String>) -> Self {
-        Refusal {
-            op: op.to_owned(),
-            node: node.to_owned(),
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.node.is_empty() {
-            write!(f, "no split providers: op {}: {}", self.op, self.reason)
-        } else {
-            write!(
-                f,
-                "no split providers: op {} (node \"{}\"): {}",
-                self.op, self.node, self.reason
-            )
-        }
-    }
-}
-
-impl std::error::Error for Refusal {}
-
-/// Glob callback: the sorted matches of one pattern, with TF's `GetMatchingPaths` semantics.
-pub type Glob<'a> = &'a dyn Fn(&str) -> Result<Vec<String>, String>;
 
 /// The split providers TF 2.21's dispatcher makes for `def` under dynamic sharding, in
 /// `split_provider_index` order, or why it makes none. `glob` evaluates `MatchingFiles` nodes

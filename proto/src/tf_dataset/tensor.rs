@@ -7,8 +7,9 @@
 
 use bytes::Bytes;
 
+use super::glob::Glob;
 use super::graph::Graph;
-use super::{Glob, Refusal};
+use super::refusal::Refusal;
 use crate::tensorflow::{DataType, NodeDef, TensorProto, TensorShapeProto};
 
 /// An int64 scalar exactly as TF's dispatcher puts it on the wire

@@ -11,7 +11,7 @@ use serde_json::Value as Json;
 
 use super::*;
 use crate::tensorflow::attr_value;
-use crate::tensorflow::{AttrValue, DataType, GraphDef, NodeDef, TensorShapeProto};
+use crate::tensorflow::{AttrValue, DataType, GraphDef, NodeDef, TensorProto, TensorShapeProto};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tf_datasets")

@@ -4,10 +4,12 @@
 //! provider is built here from the node's inputs, with the checks TF's kernels make when they
 //! build the dataset (a refusal where TF's `MakeDataset` fails).
 
+use super::glob::Glob;
 use super::graph::Graph;
 use super::ops::{role, Role};
+use super::refusal::Refusal;
+use super::source::{range_count, SplitSource};
 use super::tensor::{evaluate, Value};
-use super::{range_count, Glob, Refusal, SplitSource};
 use crate::tensorflow::attr_value;
 use crate::tensorflow::NodeDef;
 

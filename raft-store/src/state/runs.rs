@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::change::Change;
 use super::cluster::TaskName;
+use super::coordination::Cluster;
+use super::kv::KvStore;
 use super::tasks::TaskState;
 use super::CoordState;
 
@@ -53,16 +55,18 @@ impl JobRuns {
     }
 }
 
-impl CoordState {
+impl JobRuns {
     /// Before `task` registers with `incarnation`: begins the first run, or the next one when the
     /// current run is over and `task` is a new process.
     pub(crate) fn before_registration(
         &mut self,
+        cluster: Option<&mut Cluster>,
+        kv: &mut KvStore,
         task: &TaskName,
         incarnation: u64,
         changes: &mut Vec<Change>,
     ) {
-        let Some(c) = self.cluster.as_ref() else {
+        let Some(c) = cluster else {
             return;
         };
         // The first run begins with its first registration that succeeds (`after_task_changes`).
@@ -70,16 +74,16 @@ impl CoordState {
             .tasks
             .get(task)
             .is_some_and(|r| r.incarnation != incarnation);
-        let over = self.runs.is_over(c.config.task_count());
-        if self.runs.number > 0 && over && new_process {
-            self.begin_next_run(changes);
+        let over = self.is_over(c.config.task_count());
+        if self.number > 0 && over && new_process {
+            self.begin_next_run(c, kv, changes);
         }
     }
 
     /// After task records changed: a run with no connected task is over (and one that has one
     /// again, for example a recoverable task coming back, is not).
-    pub(crate) fn after_task_changes(&mut self) {
-        let Some(c) = self.cluster.as_ref() else {
+    pub(crate) fn after_task_changes(&mut self, cluster: Option<&Cluster>, kv: &KvStore) {
+        let Some(c) = cluster else {
             return;
         };
         let connected: Vec<TaskName> = c
@@ -88,11 +92,11 @@ impl CoordState {
             .filter(|(_, r)| r.state == TaskState::Connected)
             .map(|(t, _)| t.clone())
             .collect();
-        if self.runs.number == 0 {
+        if self.number == 0 {
             if !connected.is_empty() {
-                self.runs = JobRuns {
+                *self = JobRuns {
                     number: 1,
-                    opened_at: self.kv.revision(),
+                    opened_at: kv.revision(),
                     over_at: None,
                     registered: connected.into_iter().collect(),
                 };
@@ -100,40 +104,71 @@ impl CoordState {
             return;
         }
         let any_connected = !connected.is_empty();
-        self.runs.registered.extend(connected);
+        self.registered.extend(connected);
         if any_connected {
-            self.runs.over_at = None;
-        } else if self.runs.over_at.is_none() {
-            self.runs.over_at = Some(self.kv.revision());
+            self.over_at = None;
+        } else if self.over_at.is_none() {
+            self.over_at = Some(kv.revision());
         }
     }
 
     /// Ends the current run by hand and begins the next at once, with the same clean-up as when
     /// a job comes back; the job's tasks then register into it.
-    pub(crate) fn end_run(&mut self, changes: &mut Vec<Change>) {
-        if self.cluster.is_some() {
+    pub(crate) fn end_run(
+        &mut self,
+        cluster: Option<&mut Cluster>,
+        kv: &mut KvStore,
+        changes: &mut Vec<Change>,
+    ) {
+        if let Some(c) = cluster {
             // Before any registration the first run is already under way (see `current`).
-            self.runs.number = self.runs.current();
-            self.begin_next_run(changes);
+            self.number = self.current();
+            self.begin_next_run(c, kv, changes);
         }
     }
 
-    fn begin_next_run(&mut self, changes: &mut Vec<Change>) {
-        let Some(c) = self.cluster.as_mut() else {
-            return;
-        };
-        let written_until = self.runs.over_at.unwrap_or_else(|| self.kv.revision());
-        self.kv
-            .remove_modified_in(self.runs.opened_at, written_until, changes);
-        let number = self.runs.number + 1;
+    fn begin_next_run(&mut self, c: &mut Cluster, kv: &mut KvStore, changes: &mut Vec<Change>) {
+        let written_until = self.over_at.unwrap_or_else(|| kv.revision());
+        kv.remove_modified_in(self.opened_at, written_until, changes);
+        let number = self.number + 1;
         c.new_run(next_incarnation(c.service_incarnation, number), changes);
-        self.runs = JobRuns {
+        *self = JobRuns {
             number,
-            opened_at: self.kv.revision(),
+            opened_at: kv.revision(),
             over_at: None,
             registered: BTreeSet::new(),
         };
         changes.push(Change::RunStarted { number });
+    }
+}
+
+// `apply`'s calls, over the parts of the state a run touches. They belong in `super`, beside
+// `apply`: this is the only use of `CoordState` below it, and the one import circle left in the
+// state (issue 37); they move there with the next change to `state/mod.rs`.
+impl CoordState {
+    pub(crate) fn before_registration(
+        &mut self,
+        task: &TaskName,
+        incarnation: u64,
+        changes: &mut Vec<Change>,
+    ) {
+        self.runs.before_registration(
+            self.cluster.as_mut(),
+            &mut self.kv,
+            task,
+            incarnation,
+            changes,
+        );
+    }
+
+    pub(crate) fn after_task_changes(&mut self) {
+        self.runs
+            .after_task_changes(self.cluster.as_ref(), &self.kv);
+    }
+
+    pub(crate) fn end_run(&mut self, changes: &mut Vec<Change>) {
+        self.runs
+            .end_run(self.cluster.as_mut(), &mut self.kv, changes);
     }
 }
 

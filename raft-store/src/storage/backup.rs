@@ -19,15 +19,13 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::files;
-use super::snapshot::{self, SnapshotBody, SnapshotError};
+use super::snapshot::{self, SnapshotBody, SnapshotError, BASE_FILE};
 use crate::codec;
 use crate::state::CoordState;
 use crate::types::SnapshotMeta;
 
 const MAGIC: &[u8; 8] = b"COORDBAK";
 const FORMAT_VERSION: u32 = 1;
-/// The base a restored replica starts from, in its snapshot directory.
-pub const BASE_FILE: &str = "base.bin";
 
 /// What a backup file holds.
 #[derive(Serialize, Deserialize, Debug, Clone)]

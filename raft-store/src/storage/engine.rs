@@ -16,7 +16,7 @@ use std::path::Path;
 
 use crate::types::{Entry, LogId, Vote};
 
-use super::{files, segments, sled_log};
+use super::{files, segments};
 
 /// Which engine holds a replica's Raft log (`--raft-log`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,6 +111,10 @@ pub(crate) trait LogSync: Send + 'static {
 /// An engine opened on a Raft directory: the log, and what syncs it (for the flusher).
 pub(crate) type OpenEngine = (Box<dyn LogEngine>, Box<dyn LogSync>);
 
+/// The sled engine's database, inside the Raft directory: [`settle`] looks for it to tell a sled
+/// log from a segment log, and `sled_log` opens its database there.
+pub(crate) const SLED_DIR: &str = "sled";
+
 const FILE_NAME: &str = "log-engine";
 const MAGIC: &[u8; 8] = b"COORDENG";
 const FORMAT_VERSION: u32 = 1;
@@ -175,7 +179,7 @@ fn found_engines(dir: &Path) -> Result<Vec<RaftLogEngine>, String> {
     let segments = !segments::list(dir)
         .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
         .is_empty();
-    let sled = dir.join(sled_log::DIR).exists();
+    let sled = dir.join(SLED_DIR).exists();
     Ok([
         (segments, RaftLogEngine::Segments),
         (sled, RaftLogEngine::Sled),
@@ -193,7 +197,7 @@ mod tests {
     fn a_directory_keeps_its_engine() {
         let dir = tempfile::tempdir().expect("tempdir");
         settle(dir.path(), RaftLogEngine::Sled).expect("fresh");
-        std::fs::create_dir(dir.path().join(sled_log::DIR)).expect("sled dir");
+        std::fs::create_dir(dir.path().join(SLED_DIR)).expect("sled dir");
         settle(dir.path(), RaftLogEngine::Sled).expect("same engine");
         assert!(matches!(
             settle(dir.path(), RaftLogEngine::Segments),
@@ -233,7 +237,7 @@ mod tests {
         settle(dir.path(), RaftLogEngine::Segments).expect("segments");
         std::fs::write(dir.path().join(segments::file_name(1)), b"").expect("segment");
         // Files of both engines: refused.
-        std::fs::create_dir(dir.path().join(sled_log::DIR)).expect("sled dir");
+        std::fs::create_dir(dir.path().join(SLED_DIR)).expect("sled dir");
         assert!(matches!(
             settle(dir.path(), RaftLogEngine::Segments),
             Err(Refusal::Damaged(_))

@@ -8,7 +8,8 @@
 //! - [`flusher`]: group commit; the only place that syncs the log to disk.
 //! - [`log_store`]: openraft's `RaftLogStorage` over either engine.
 //! - [`witness`]: what the log must at least contain, kept beside it to catch damage.
-//! - [`snapshot`]: the checksummed snapshot file; [`files`]: self-checking atomic files.
+//! - [`snapshot`]: the checksummed snapshot file, which reads every older format too;
+//!   [`files`]: self-checking atomic files.
 //! - [`backup`]: backup files, and the base state a restored replica starts from.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over the in-memory [`crate::CoordState`].
 //!
@@ -159,7 +160,7 @@ fn open_engine(raft_dir: &Path, engine: RaftLogEngine) -> Result<engine::OpenEng
             Ok((Box::new(wal), Box::new(files)))
         }
         RaftLogEngine::Sled => {
-            let (log, files) = sled_log::SledLog::open(&raft_dir.join(sled_log::DIR))?;
+            let (log, files) = sled_log::SledLog::open(&raft_dir.join(engine::SLED_DIR))?;
             Ok((Box::new(log), Box::new(files)))
         }
     }

@@ -38,9 +38,6 @@ use crate::types::{Entry, LogId, Vote};
 use super::engine::{LogEngine, LogSync};
 use super::segments::{entry_log_id, ENTRY_HEAD};
 
-/// The sled database's directory, inside the Raft directory.
-pub(crate) const DIR: &str = "sled";
-
 /// sled's page cache. The log is append-mostly and read back soon after it is written; sled's
 /// 1 GiB default is far more than a coordinator needs.
 const CACHE_BYTES: u64 = 64 << 20;

@@ -2,6 +2,7 @@
 //! and damaged files are refused or read as a log that is whole up to where it ends.
 
 use super::*;
+use crate::storage::engine::SLED_DIR;
 use openraft::{CommittedLeaderId, EntryPayload};
 
 fn id(term: u64, index: u64) -> LogId {
@@ -45,7 +46,7 @@ fn all(log: &SledLog) -> Result<Vec<Entry>, (u64, String)> {
 #[test]
 fn large_entries_live_in_blobs_that_a_sync_covers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(DIR);
+    let path = dir.path().join(SLED_DIR);
     {
         let (log, mut sync) = SledLog::open(&path).expect("open");
         // Over sled's inline limit (a quarter of its 512 KiB segments).
@@ -68,7 +69,7 @@ fn large_entries_live_in_blobs_that_a_sync_covers() {
 #[test]
 fn a_gap_in_the_entries_is_refused_at_open() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(DIR);
+    let path = dir.path().join(SLED_DIR);
     {
         let (log, _sync) = SledLog::open(&path).expect("open");
         log.append(&entries(1, 0..5, 0)).expect("append");
@@ -82,7 +83,7 @@ fn a_gap_in_the_entries_is_refused_at_open() {
 #[test]
 fn an_entry_stored_under_the_wrong_index_is_refused_at_open() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(DIR);
+    let path = dir.path().join(SLED_DIR);
     {
         let (log, _sync) = SledLog::open(&path).expect("open");
         log.append(&entries(1, 0..3, 0)).expect("append");

@@ -3,6 +3,7 @@
 //! - [`config`]: flags and their validation; [`identity`]: the check that a data directory is this
 //!   replica's; [`data_lock`]: one replica process per data directory.
 //! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do;
+//!   [`replica_cert`]: the checks a replica's own certificate passes, at start and at reload;
 //!   [`tls_reload`]: the served certificate reloaded on SIGHUP or when its files change.
 //! - [`limits`]: per-client admission; [`request_id`]: request ids in metadata.
 //! - [`status`]: a replica's view of the ensemble; [`metrics`]: RPC counts and latencies, and the
@@ -16,6 +17,7 @@ pub mod identity;
 pub mod limits;
 pub mod metrics;
 pub mod process;
+pub mod replica_cert;
 pub mod request_id;
 pub mod restore;
 pub mod status;

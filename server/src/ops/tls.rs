@@ -1,7 +1,7 @@
 //! TLS of one replica, from the `--tls-*` flags: the server side of its gRPC port and the client
-//! side it uses toward its peers (the same certificate for both), checked at start-up so that a
-//! wrong file or a certificate made for another replica stops the replica with a clear message
-//! instead of failing every handshake later.
+//! side it uses toward its peers (the same certificate for both), checked at start-up
+//! ([`crate::ops::replica_cert`]) so that a wrong file or a certificate made for another replica
+//! stops the replica with a clear message instead of failing every handshake later.
 //!
 //! The port's handshakes are done here, not by tonic ([`upgrade`]): each refused handshake is
 //! logged as a warning naming the caller's address and the reason (a certificate of another CA,
@@ -14,18 +14,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coord_proto::tls::{Ca, ClientTls, Identity, KeyPair};
+use coord_proto::tls::{Ca, ClientTls, KeyPair};
 use futures::future::BoxFuture;
-use rustls_pki_types::{ServerName, UnixTime};
 use tokio::net::TcpStream;
-use tokio_rustls::rustls::client::danger::ServerCertVerifier;
-use tokio_rustls::rustls::client::WebPkiServerVerifier;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::ops::config::{Args, ClientAuthArg};
+use crate::ops::replica_cert;
 
 /// How long a caller may take to complete its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,7 +50,7 @@ pub fn from_args(args: &Args) -> Result<Option<ReplicaTls>, String> {
     };
     let pair = KeyPair::load(cert, key).map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
     let ca = Ca::load(ca).map_err(|e| format!("--tls-ca: {e}"))?;
-    check_pair(args, &pair, &ca)?;
+    replica_cert::check_pair(args, &pair, &ca)?;
     let client = ClientTls::new(&ca, Some(&pair), None);
     let served = Arc::new(crate::ops::tls_reload::ServedCert::new(
         args,
@@ -69,89 +67,12 @@ pub fn from_args(args: &Args) -> Result<Option<ReplicaTls>, String> {
     }))
 }
 
-/// Checks a certificate and key for this replica: that it names this replica, that the CA signed
-/// it and that it names the host the peers reach this replica by. Done at start and at every
-/// reload.
-pub fn check_pair(args: &Args, pair: &KeyPair, ca: &Ca) -> Result<(), String> {
-    let cert = args
-        .tls_cert
-        .as_deref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    let expected = Identity::Replica {
-        cluster: args.cluster_token.clone(),
-        id: args.id,
-    };
-    let leaf = pair
-        .chain
-        .first()
-        .ok_or_else(|| format!("--tls-cert {cert} holds no certificate"))?;
-    match crate::ops::authz::identity_of(leaf) {
-        Ok(own) if own == expected => {}
-        Ok(other) => {
-            return Err(format!(
-                "--tls-cert {cert} is the certificate of {other}, not of this replica; it must name {expected}"
-            ))
-        }
-        Err(why) => {
-            return Err(format!(
-                "--tls-cert {cert}: {why}; a replica's certificate must name {expected}"
-            ))
-        }
-    }
-    check_own_certificate(args, pair, ca)
-}
-
-fn roots(ca: &Ca) -> Result<Arc<RootCertStore>, String> {
-    let mut roots = RootCertStore::empty();
-    for c in &ca.certificates {
-        roots
-            .add(c.clone())
-            .map_err(|e| format!("--tls-ca: a certificate cannot be a trust root: {e}"))?;
-    }
-    Ok(Arc::new(roots))
-}
-
-/// What the peers will check of this replica's certificate, checked first here: that the CA
-/// signed it, and that it names the host peers reach this replica by (its `--initial-cluster`
-/// address; a joining replica's address is only known to `member add`).
-fn check_own_certificate(args: &Args, pair: &KeyPair, ca: &Ca) -> Result<(), String> {
-    let cert = args
-        .tls_cert
-        .as_deref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    let (leaf, intermediates) = pair
-        .chain
-        .split_first()
-        .ok_or_else(|| format!("--tls-cert {cert} holds no certificate"))?;
-    let verifier = WebPkiServerVerifier::builder(roots(ca)?)
-        .build()
-        .map_err(|e| format!("--tls-ca: {e}"))?;
-    let Some(addr) = args.initial_cluster.0.get(&args.id) else {
-        return Ok(());
-    };
-    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = ServerName::try_from(host.to_string())
-        .map_err(|e| format!("--initial-cluster: {host:?} is not a host name: {e}"))?;
-    verifier
-        .verify_server_cert(leaf, intermediates, &name, &[], UnixTime::now())
-        .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "--tls-cert {cert} will not be accepted by the peers, who reach this replica at \
-                 {addr} and trust --tls-ca: {e}"
-            )
-        })
-}
-
 fn server_config(
     served: Arc<crate::ops::tls_reload::ServedCert>,
     ca: &Ca,
     auth: ClientAuthArg,
 ) -> Result<ServerConfig, String> {
-    let verifier = WebPkiClientVerifier::builder(roots(ca)?);
+    let verifier = WebPkiClientVerifier::builder(replica_cert::roots(ca)?);
     let verifier = match auth {
         ClientAuthArg::Optional => verifier.allow_unauthenticated(),
         ClientAuthArg::Require => verifier,

@@ -23,6 +23,7 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 
 use crate::ops::config::Args;
+use crate::ops::replica_cert;
 
 /// How often the certificate files are looked at for a change.
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -98,7 +99,7 @@ impl ServedCert {
         };
         let pair = KeyPair::load(cert, key).map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
         let ca = Ca::load(ca).map_err(|e| format!("--tls-ca: {e}"))?;
-        crate::ops::tls::check_pair(&self.args, &pair, &ca)?;
+        replica_cert::check_pair(&self.args, &pair, &ca)?;
         let next = Arc::new(certified(&pair)?);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = next;
         self.peer.replace(&ClientTls::new(&ca, Some(&pair), None));

@@ -8,7 +8,7 @@ use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
 use tonic::Code;
 
-use super::{assert_code, register_all, w, Env};
+use super::env::{assert_code, register_all, w, Env};
 
 pub async fn barriers_pass_and_are_reused(replicas: usize) {
     let env = Env::start(replicas, &["--job", "worker=3"]).await;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use coord_proto::tensorflow as tf;
 use tonic::Code;
 
-use super::{assert_code, register_all, state_of, w, Env};
+use super::env::{assert_code, register_all, state_of, w, Env};
 
 pub async fn shutdown_service_aborts_barriers(replicas: usize) {
     let mut env = Env::start(replicas, &["--job", "worker=2"]).await;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use coord_proto::tensorflow as tf;
 use tonic::Code;
 
-use super::{assert_code, register_all, state_of, task, tf_devices, w, Env};
+use super::env::{assert_code, register_all, state_of, task, tf_devices, w, Env};
 
 pub async fn register_and_wait_for_all_tasks(replicas: usize) {
     let env = Env::start(replicas, &["--job", "worker=3"]).await;

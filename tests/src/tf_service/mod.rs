@@ -10,18 +10,20 @@
 //! sleeps. A failure of the harness (a process that died or sent nothing in time) panics with
 //! that process's stderr; what TensorFlow answers, errors included, is returned.
 //!
-//! - [`proc`]: one script process and its events.
-//! - [`read`]: readers, what they read and what they got.
+//! Modules, bottom up: `error` (what TensorFlow reported); [`proc`] (one script process and
+//! its events); [`read`] (readers, what they read and what they got). This module starts the
+//! processes.
 
+mod error;
 mod proc;
 mod read;
 
+pub use error::TfError;
 pub use proc::ECHO_STDERR_ENV;
 use proc::{ScriptProc, STDERR_TAIL};
 use read::read_result;
 pub use read::{DatasetKind, Mode, PreparedReaders, ReadResult, ReadSpec, Reader, Rewind};
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -31,45 +33,6 @@ use serde_json::Value;
 /// TensorFlow's Python, from the venv the tests make, and the script.
 pub struct TfDataProcs {
     python: PathBuf,
-}
-
-/// An error TensorFlow reported: its status code's name (`INVALID_ARGUMENT`, ...; `UNKNOWN` for
-/// a Python exception without one, `HUNG` for a bad-input call that did not return) and message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TfError {
-    pub code: String,
-    pub message: String,
-}
-
-impl fmt::Display for TfError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.code, self.message)
-    }
-}
-
-impl TfError {
-    /// The code and the first line of the message, without the `{{function_node ...}}` of the
-    /// op that raised it and at most 300 characters of it (some messages carry a whole graph).
-    pub fn brief(&self) -> String {
-        let mut line = self.message.lines().next().unwrap_or("");
-        if line.starts_with("{{function_node") {
-            line = line.split_once("}} ").map_or(line, |(_, rest)| rest);
-        }
-        let cut: String = line.chars().take(300).collect();
-        let more = if cut.len() < line.len() || line.len() < self.message.len() {
-            " ..."
-        } else {
-            ""
-        };
-        format!("{}: {cut}{more}", self.code)
-    }
-
-    fn from_event(e: &Value) -> TfError {
-        TfError {
-            code: e["code"].as_str().unwrap_or("?").to_string(),
-            message: e["message"].as_str().unwrap_or("").to_string(),
-        }
-    }
 }
 
 /// TF's own dispatcher (`DispatchServer`, fault-tolerant mode, its journal in a temp dir).
@@ -206,9 +169,7 @@ impl TfDataProcs {
 
     /// `tests/tfdata/tf_service.py`.
     pub fn script() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tfdata")
-            .join("tf_service.py")
+        proc::script()
     }
 
     fn spawn(&self, args: &[String], what: String) -> ScriptProc {

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,7 +13,6 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::TfDataProcs;
 use crate::venv::Guarded;
 
 /// Lines of a process's stderr kept for the message of a failure.
@@ -45,10 +44,17 @@ fn is_logged_error(line: &str) -> bool {
     matches!(chars.next(), Some('E' | 'F')) && chars.take(4).all(|c| c.is_ascii_digit())
 }
 
+/// The script every process runs: `tests/tfdata/tf_service.py`.
+pub(super) fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tfdata")
+        .join("tf_service.py")
+}
+
 impl ScriptProc {
     pub(super) fn spawn(python: &Path, args: &[String], what: String) -> ScriptProc {
         let mut cmd = Command::new(python);
-        cmd.arg(TfDataProcs::script())
+        cmd.arg(script())
             .args(args)
             .env("PYTHONUNBUFFERED", "1")
             .env("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::error::TfError;
 use super::proc::ScriptProc;
-use super::TfError;
 
 /// What a reader's dataset is (before `distribute()`); every element is a distinct int64 within
 /// one epoch, so multisets of what was read say which elements came how often.

@@ -10,7 +10,7 @@ use coord_proto::coord::dispatcher as pb;
 use serde_json::{json, Value};
 use tonic::Status;
 
-use super::{Output, Table};
+use super::output::{Output, Table};
 
 #[derive(Subcommand)]
 pub enum DispatcherCmd {

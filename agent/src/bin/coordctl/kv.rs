@@ -14,7 +14,7 @@ use coord_agent::CoordClient;
 use serde_json::json;
 use tonic::Status;
 
-use super::{fail, Output, Table};
+use super::output::{fail, Output, Table};
 
 /// The largest value read from stdin: what one request may carry (the client's message limit).
 /// The ensemble's own limit (`--max-value-bytes`, 4 MiB by default) is lower and is its to tell.

@@ -31,26 +31,24 @@
 //! cannot be used included) or a request the ensemble refused as invalid, 3 a key that `try-get`
 //! did not find, 4 the ensemble was unreachable. With `-o json`, an error is also printed as
 //! `{"error": {"code", "message"}}` on stderr.
+//!
+//! Modules, bottom up: `output` (tables, JSON, a failure's exit code), then one per subcommand
+//! with subcommands of its own (`kv`, `snapshot`, `dispatcher`); the rest is here.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 mod dispatcher;
 mod kv;
+mod output;
 mod snapshot;
 
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand};
 use coord_agent::CoordClient;
 use serde_json::{json, Value};
-use tonic::{Code, Status};
+use tonic::Status;
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Output {
-    /// Aligned columns for a person.
-    Table,
-    /// JSON for scripts.
-    Json,
-}
+use output::{fail, Output, Table};
 
 #[derive(Parser)]
 #[command(name = "coordctl", version, about = "Talk to a coord ensemble")]
@@ -177,97 +175,6 @@ async fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => fail(&e, out),
-    }
-}
-
-/// Rows with named columns, printed as a table or as a JSON array of objects.
-struct Table {
-    columns: &'static [&'static str],
-    rows: Vec<Vec<Value>>,
-}
-
-impl Table {
-    fn new(columns: &'static [&'static str]) -> Self {
-        Self {
-            columns,
-            rows: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, row: Vec<Value>) {
-        self.rows.push(row);
-    }
-
-    fn print(&self, out: Output) {
-        if out == Output::Json {
-            let objects: Vec<Value> = self
-                .rows
-                .iter()
-                .map(|r| {
-                    let map = self
-                        .columns
-                        .iter()
-                        .map(|c| c.to_lowercase().replace(' ', "_"))
-                        .zip(r.iter().cloned())
-                        .collect::<serde_json::Map<_, _>>();
-                    Value::Object(map)
-                })
-                .collect();
-            println!("{}", Value::Array(objects));
-            return;
-        }
-        let cells: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| r.iter().map(cell).collect())
-            .collect();
-        let widths: Vec<usize> = (0..self.columns.len())
-            .map(|i| {
-                cells
-                    .iter()
-                    .map(|r| r[i].len())
-                    .chain([self.columns[i].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |values: Vec<String>| {
-            let padded: Vec<String> = values
-                .iter()
-                .zip(&widths)
-                .map(|(v, w)| format!("{v:<w$}"))
-                .collect();
-            println!("{}", padded.join("  ").trim_end());
-        };
-        line(self.columns.iter().map(|c| c.to_string()).collect());
-        for r in cells {
-            line(r);
-        }
-    }
-}
-
-/// A value as a table shows it.
-fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Array(a) if a.is_empty() => "-".into(),
-        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
-        other => other.to_string(),
-    }
-}
-
-fn fail(e: &Status, out: Output) -> ExitCode {
-    if out == Output::Json {
-        let err = json!({"error": {"code": format!("{:?}", e.code()), "message": e.message()}});
-        eprintln!("{err}");
-    } else {
-        eprintln!("coordctl: {:?}: {}", e.code(), e.message());
-    }
-    match e.code() {
-        Code::Unavailable => ExitCode::from(4),
-        Code::InvalidArgument => ExitCode::from(2),
-        _ => ExitCode::from(1),
     }
 }
 

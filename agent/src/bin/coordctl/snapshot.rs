@@ -11,7 +11,7 @@ use coord_agent::CoordClient;
 use serde_json::{json, Value};
 use tonic::Status;
 
-use super::{Output, Table};
+use super::output::{Output, Table};
 
 #[derive(Subcommand)]
 pub enum SnapshotCmd {

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use coord_raft_store::state::TaskState;
 
-use super::Observed;
+use super::observed::Observed;
 use crate::ops::metrics::{counter, gauge, header, single_histogram};
 
 pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use coord_proto::coord::admin::admin_client::AdminClient;
 
-use super::{status_of, Observed};
+use super::observed::{status_of, Observed};
 
 /// The page itself.
 pub(super) async fn page() -> Response {

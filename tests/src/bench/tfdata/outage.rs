@@ -9,8 +9,8 @@ use serde_json::Value;
 use crate::cluster::free_ports;
 use crate::Cluster;
 
-use super::script::Script;
-use super::*;
+use super::harness::{ensemble, keep_if_asked, start_proxy, wall, Args, START_PATIENCE};
+use super::script::{tf_dispatcher, Script};
 
 /// The fake worker's outage after a kill at `killed_at` (wall time).
 pub(super) struct Outage {

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::venv::Guarded;
 
-use super::*;
+use super::harness::{lock, wall, STDERR_TAIL};
 
 /// One process of `tf_bench.py`, its own process group (killed with it when dropped): its JSON
 /// events as they come (and whether its output ended), its stdin (closing it ends the process)
@@ -121,4 +121,20 @@ impl Script {
         self.proc.kill();
         at
     }
+}
+
+/// TF's `DispatchServer` on `port` over the journal in `dir`; `standby`: imports TF and waits
+/// for "go".
+pub(super) fn tf_dispatcher(
+    python: &Path,
+    port: u16,
+    dir: &Path,
+    standby: bool,
+) -> Result<Script, String> {
+    let (port, dir) = (port.to_string(), dir.display().to_string());
+    let mut args = vec!["dispatcher", "--port", &port, "--work-dir", &dir];
+    if standby {
+        args.push("--standby");
+    }
+    Script::start(python, &args, &format!("TF dispatcher on port {port}"))
 }

@@ -8,8 +8,11 @@ use serde_json::Value;
 
 use crate::cluster::free_ports;
 
-use super::script::Script;
-use super::*;
+use super::harness::{
+    cpu_seconds, ensemble, keep_if_asked, metrics, start_proxy, Args, DYNAMIC, START_PATIENCE,
+    WARMUP_ELEMENTS,
+};
+use super::script::{tf_dispatcher, Script};
 
 /// One kind of timed read.
 pub(super) struct Workload {

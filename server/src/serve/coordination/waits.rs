@@ -1,0 +1,413 @@
+//! The coordination calls that wait on the leader: barriers (a job's own, and the three the
+//! service holds itself: the register barrier, WaitForAllTasks and the shutdown barrier),
+//! GetAliveTasks, WatchTasks and error polls; and how a call parks.
+//!
+//! A call takes its park slot and the leadership epoch before its arrival is committed, so a call
+//! the park budget refuses changes nothing; it then parks until apply records what it waits for.
+//! Losing leadership ends the wait with `LeaderChanged`, and routing drives the call again on the
+//! new leader, where the committed arrival is found again. A new run of the job ends every wait
+//! of the last (`ABORTED`).
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use coord_raft_store::state::{
+    alive_set_key, alive_wait_key, AliveAnswer, Code, DeviceInfo, ErrorEvent, Outcome, TaskName,
+    TaskRecord, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
+};
+use coord_raft_store::storage::Applied;
+use coord_raft_store::{Op, OpError, Output, RequestId};
+
+use super::{unexpected, CoordCore};
+use crate::error::CoordError;
+use crate::serve::parked::{Slot, WaitRegistry, Wake};
+
+impl CoordCore {
+    /// Registers the task and waits until every one of `participants` registered (XLA's register
+    /// barrier); returns the service incarnation.
+    pub async fn register_at_barrier(
+        &self,
+        id: Option<RequestId>,
+        task: TaskName,
+        incarnation: u64,
+        participants: Vec<TaskName>,
+    ) -> Result<u64, CoordError> {
+        let (epoch, slot) =
+            self.barrier_slot(|| format!("RegisterTask of {task} at the register barrier"))?;
+        let op = Op::RegisterAtBarrier {
+            task: task.clone(),
+            incarnation,
+            participants,
+        };
+        let outcome = match self.commit(id, op).await? {
+            Output::Barrier {
+                outcome: Some(o), ..
+            } => o,
+            Output::Barrier {
+                counter,
+                outcome: None,
+            } => {
+                // Registered: it counts as a heartbeat while the others arrive.
+                self.heartbeats.record(&task, incarnation);
+                self.await_barrier(REGISTER_BARRIER, counter, epoch, slot)
+                    .await?
+            }
+            other => return Err(unexpected("RegisterAtBarrier", &other)),
+        };
+        if let Outcome::Failed { code, message } = outcome {
+            return Err(CoordError::status(code, message));
+        }
+        self.heartbeats.record(&task, incarnation);
+        self.service_incarnation()
+    }
+
+    /// XLA's GetAliveTasks: waits until every live task of `tasks` asked; returns the live ones
+    /// with their incarnations.
+    pub async fn get_alive(
+        &self,
+        id: Option<RequestId>,
+        source: TaskName,
+        tasks: Vec<TaskName>,
+    ) -> Result<AliveAnswer, CoordError> {
+        let (epoch, slot) = self.barrier_slot(|| format!("GetAliveTasks of {source}"))?;
+        let set = alive_set_key(&tasks);
+        let generation = match self.commit(id, Op::GetAliveTasks { source, tasks }).await? {
+            Output::Alive {
+                answer: Some(a), ..
+            } => return Ok(a),
+            Output::Alive {
+                generation,
+                answer: None,
+            } => generation,
+            other => return Err(unexpected("GetAliveTasks", &other)),
+        };
+        let key = (alive_wait_key(&set), generation as i64);
+        let run = self.reader.read(|a| a.state.runs.current());
+        self.park_until(
+            &self.hub.barriers,
+            &key,
+            epoch,
+            Some(slot),
+            String::new,
+            |a| {
+                if a.state.runs.current() != run {
+                    return Some(Err(CoordError::status(
+                        Code::Aborted,
+                        format!("GetAliveTasks ended with run {run} of the job"),
+                    )));
+                }
+                let c = a.state.cluster.as_ref()?;
+                c.alive.answer(&set, generation).cloned().map(Ok)
+            },
+        )
+        .await?
+    }
+
+    /// XLA's WatchTasks: the records of `tasks` and the task version, at once if `version`
+    /// differs from the current one, else after the next change.
+    pub async fn watch_tasks(
+        &self,
+        tasks: &[TaskName],
+        version: i64,
+    ) -> Result<(i64, Vec<(TaskName, TaskRecord)>), CoordError> {
+        let epoch = self.hub.tasks.epoch();
+        self.read_index.linearize().await?;
+        self.park_until(
+            &self.hub.tasks,
+            &(),
+            epoch,
+            None,
+            || "WatchTasks".to_string(),
+            |a| {
+                let Some(c) = a.state.cluster.as_ref() else {
+                    return Some(Err(CoordError::from(OpError::NoCluster)));
+                };
+                let current = c.task_version as i64;
+                (current != version).then(|| {
+                    let records = tasks
+                        .iter()
+                        .filter_map(|t| c.tasks.get(t).map(|r| (t.clone(), r.clone())))
+                        .collect();
+                    Ok((current, records))
+                })
+            },
+        )
+        .await?
+    }
+
+    /// XLA's PollForError: the first error `task` must learn of since it last registered.
+    pub async fn poll_error_since_register(
+        &self,
+        task: TaskName,
+    ) -> Result<ErrorEvent, CoordError> {
+        self.read_index.linearize().await?;
+        let after = self.with_cluster(|c| match c.tasks.get(&task) {
+            None => Err(CoordError::status(
+                Code::InvalidArgument,
+                c.config.why_unknown(&task),
+            )),
+            Some(r) if r.state == TaskState::Disconnected => Err(CoordError::status(
+                Code::FailedPrecondition,
+                format!("task {task} polls for errors but is not registered"),
+            )),
+            Some(r) => Ok(r.errors_seen_at_register),
+        })??;
+        self.poll_error(task, after).await
+    }
+
+    /// Waits for the first error after `after` that `task` must learn of.
+    pub async fn poll_error(&self, task: TaskName, after: u64) -> Result<ErrorEvent, CoordError> {
+        let epoch = self.hub.errors.epoch();
+        self.read_index.linearize().await?;
+        self.with_cluster(|c| {
+            if c.config.contains(&task) {
+                Ok(())
+            } else {
+                Err(CoordError::status(
+                    Code::InvalidArgument,
+                    c.config.why_unknown(&task),
+                ))
+            }
+        })??;
+        self.park_until(
+            &self.hub.errors,
+            &(),
+            epoch,
+            None,
+            || format!("PollForError of {task}"),
+            |a| {
+                let c = a.state.cluster.as_ref()?;
+                c.errors.next_for(&task, after).cloned()
+            },
+        )
+        .await
+    }
+
+    /// Disconnects the task; with a shutdown barrier configured, waits until every task is shutting
+    /// down (or the barrier fails) and returns the barrier's outcome.
+    pub async fn shutdown(
+        &self,
+        id: Option<RequestId>,
+        task: TaskName,
+    ) -> Result<Option<Outcome>, CoordError> {
+        let (epoch, slot) = self.barrier_slot(|| format!("ShutdownTask of {task}"))?;
+        let outcome = match self
+            .commit(id, Op::ShutdownTask { task: task.clone() })
+            .await?
+        {
+            Output::Done => None,
+            Output::Barrier { counter, outcome } => match outcome {
+                Some(o) => Some(o),
+                None => Some(
+                    self.await_barrier(SHUTDOWN_BARRIER, counter, epoch, slot)
+                        .await?,
+                ),
+            },
+            other => return Err(unexpected("ShutdownTask", &other)),
+        };
+        self.heartbeats.disconnected(&task);
+        Ok(outcome)
+    }
+
+    /// Records the task's devices and waits until every task has called WaitForAllTasks; returns
+    /// the service incarnation and every task's devices in task order.
+    pub async fn wait_for_all(
+        &self,
+        id: Option<RequestId>,
+        task: TaskName,
+        devices: DeviceInfo,
+    ) -> Result<(u64, Arc<Vec<DeviceInfo>>), CoordError> {
+        let (epoch, slot) = self.barrier_slot(|| format!("WaitForAllTasks of {task}"))?;
+        let outcome = match self
+            .commit(id, Op::WaitForAllTasks { task, devices })
+            .await?
+        {
+            Output::Barrier {
+                outcome: Some(o), ..
+            } => o,
+            Output::Barrier {
+                counter,
+                outcome: None,
+            } => {
+                self.await_barrier(WAIT_FOR_ALL_TASKS_BARRIER, counter, epoch, slot)
+                    .await?
+            }
+            other => return Err(unexpected("WaitForAllTasks", &other)),
+        };
+        if let Outcome::Failed { code, message } = outcome {
+            return Err(CoordError::status(code, message));
+        }
+        self.reader.read(|a| {
+            let c = a
+                .state
+                .cluster
+                .as_ref()
+                .ok_or(CoordError::from(OpError::NoCluster))?;
+            let at = a.last_applied.map_or(0, |l| l.index);
+            let mut cache = self
+                .devices
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let all = match cache.as_ref() {
+                Some((index, all)) if *index == at => all.clone(),
+                _ => {
+                    let all: Arc<Vec<DeviceInfo>> = Arc::new(
+                        c.tasks
+                            .iter()
+                            .filter_map(|(_, r)| r.devices.clone())
+                            .collect(),
+                    );
+                    *cache = Some((at, all.clone()));
+                    all
+                }
+            };
+            Ok((c.service_incarnation, all))
+        })
+    }
+
+    /// Waits at the barrier; returns the instance's counter when it passes.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn barrier(
+        &self,
+        id: Option<RequestId>,
+        barrier: String,
+        counter: i64,
+        tasks: Vec<TaskName>,
+        timeout_ms: i64,
+        source: TaskName,
+    ) -> Result<i64, CoordError> {
+        let (epoch, slot) =
+            self.barrier_slot(|| format!("the wait of {source} at barrier {barrier:?}"))?;
+        let op = Op::Barrier {
+            id: barrier.clone(),
+            counter,
+            tasks,
+            timeout_ms,
+            source,
+        };
+        let (counter, outcome) = match self.commit(id, op).await? {
+            Output::Barrier {
+                counter,
+                outcome: Some(o),
+            } => (counter, o),
+            Output::Barrier {
+                counter,
+                outcome: None,
+            } => (
+                counter,
+                self.await_barrier(&barrier, counter, epoch, slot).await?,
+            ),
+            other => return Err(unexpected("Barrier", &other)),
+        };
+        match outcome {
+            Outcome::Passed => Ok(counter),
+            Outcome::Failed { code, message } => Err(CoordError::status(code, message)),
+        }
+    }
+
+    pub async fn cancel_barrier(
+        &self,
+        id: Option<RequestId>,
+        barrier: String,
+        counter: i64,
+        source: TaskName,
+    ) -> Result<(), CoordError> {
+        let op = Op::CancelBarrier {
+            id: barrier,
+            counter,
+            source,
+        };
+        self.commit(id, op).await.map(|_| ())
+    }
+
+    /// The barrier instances still waiting for participants, linearizable: (record, missing).
+    pub async fn open_barriers(
+        &self,
+    ) -> Result<Vec<(coord_raft_store::state::BarrierRecord, Vec<TaskName>)>, CoordError> {
+        self.read_index.linearize().await?;
+        self.with_cluster(|c| {
+            c.barriers
+                .pending()
+                .map(|b| (b.clone(), b.missing(&c.config).collect()))
+                .collect()
+        })
+    }
+
+    /// The leadership epoch and a park slot for a call that may wait at a barrier, taken before
+    /// its arrival is committed: a call the park budget refuses changes nothing.
+    fn barrier_slot(&self, what: impl FnOnce() -> String) -> Result<(u64, Slot), CoordError> {
+        let epoch = self.hub.barriers.epoch();
+        match self.hub.budget.take() {
+            Some(slot) => Ok((epoch, slot)),
+            None => Err(self.hub.budget.refusal(&what())),
+        }
+    }
+
+    /// Parks until instance `counter` of `barrier` has an outcome, on the caller's slot.
+    async fn await_barrier(
+        &self,
+        barrier: &str,
+        counter: i64,
+        epoch: u64,
+        slot: Slot,
+    ) -> Result<Outcome, CoordError> {
+        let key = (barrier.to_string(), counter);
+        // A new run of the job clears every instance of the last: a call still waiting on one
+        // is told its run ended.
+        let run = self.reader.read(|a| a.state.runs.current());
+        self.park_until(
+            &self.hub.barriers,
+            &key,
+            epoch,
+            Some(slot),
+            String::new,
+            |a| {
+                if a.state.runs.current() != run {
+                    return Some(Outcome::Failed {
+                        code: Code::Aborted,
+                        message: format!(
+                            "barrier {barrier:?} #{counter} ended with run {run} of the job"
+                        ),
+                    });
+                }
+                let c = a.state.cluster.as_ref()?;
+                c.barriers.get(barrier)?.outcome_of(counter).cloned()
+            },
+        )
+        .await
+    }
+
+    /// Parks on `key` of `registry` until `check` finds what the caller waits for in the applied
+    /// state (it is asked again at every wake). A caller without a `slot` takes one from the park
+    /// budget when it first parks; `what` names the call if the budget refuses it. Losing leadership ends the wait with
+    /// `LeaderChanged`, so that routing drives the call again on the new leader.
+    async fn park_until<K, V, R>(
+        &self,
+        registry: &Arc<WaitRegistry<K, V>>,
+        key: &K,
+        epoch: u64,
+        mut slot: Option<Slot>,
+        what: impl FnOnce() -> String,
+        check: impl Fn(&Applied) -> Option<R>,
+    ) -> Result<R, CoordError>
+    where
+        K: Hash + Eq + Clone,
+        V: Clone,
+    {
+        loop {
+            let found = self.reader.read(|a| match check(a) {
+                Some(r) => Ok(r),
+                None => Err(registry.park(key, epoch, &mut slot)),
+            });
+            let mut parked = match found {
+                Ok(r) => return Ok(r),
+                Err(Ok(p)) => p,
+                Err(Err(why)) => return Err(registry.not_parked(why, what)),
+            };
+            match parked.wait().await {
+                Wake::Changed(_) | Wake::Recheck => continue,
+                Wake::LeaderLost => return Err(CoordError::LeaderChanged),
+            }
+        }
+    }
+}
