@@ -8,10 +8,9 @@
 
 use bytes::Bytes;
 
+use super::errors::{dataset_not_found, status};
 use super::ids::Kind;
-use super::{
-    status, Dataset, DatasetSource, DispatcherOutput, DispatcherState, COMPRESSION_SNAPPY,
-};
+use super::{Dataset, DatasetSource, DispatcherOutput, DispatcherState, COMPRESSION_SNAPPY};
 use crate::error::{Code, OpError};
 
 impl DispatcherState {
@@ -100,29 +99,4 @@ impl DispatcherState {
         let decided = *dataset.compression_disabled.get_or_insert(disable);
         Ok(DispatcherOutput::Compression(Some(decided)))
     }
-}
-
-/// TensorFlow's error for an unknown dataset id.
-pub fn dataset_not_found(id: &str) -> OpError {
-    status(Code::NotFound, format!("Dataset id {id} not found"))
-}
-
-/// The refusal of a dataset whose workers cannot serve the surface that asked: TensorFlow's
-/// workers run graphs, coord's data workers run definitions.
-pub fn wrong_kind(id: &str, dataset: &Dataset) -> OpError {
-    let (is, needs) = if dataset.source.is_definition() {
-        (
-            "a coord dataset definition (coord.dispatcher)",
-            "TensorFlow's workers cannot produce it",
-        )
-    } else {
-        (
-            "a TensorFlow dataset graph (tensorflow.data.DispatcherService)",
-            "coord's data workers cannot produce it",
-        )
-    };
-    status(
-        Code::FailedPrecondition,
-        format!("dataset {id} is {is}: {needs}"),
-    )
 }

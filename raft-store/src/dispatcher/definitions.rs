@@ -7,11 +7,9 @@
 //! need OFF and a definition that repeats forever, and static sharding divides the data among
 //! the workers present when the job starts (so it needs one).
 
-use super::datasets::wrong_kind;
+use super::errors::{not_known, status, wrong_kind};
 use super::jobs::provider;
-use super::{
-    sharding, status, DatasetSource, DispatcherOutput, DispatcherState, Iteration, Job, ENDLESS,
-};
+use super::{sharding, DatasetSource, DispatcherOutput, DispatcherState, Iteration, Job, ENDLESS};
 use crate::error::{Code, OpError};
 
 /// What coord's GetOrCreateJob asks for.
@@ -21,14 +19,6 @@ pub(super) struct JoinRequest<'a> {
     pub name: Option<&'a str>,
     pub anonymous_tag: u64,
     pub num_consumers: Option<i64>,
-}
-
-/// coord's error for an id the dispatcher does not know.
-pub fn not_known(what: &str, id: impl std::fmt::Display) -> OpError {
-    status(
-        Code::NotFound,
-        format!("{what} {id} is not known to the dispatcher"),
-    )
 }
 
 impl DispatcherState {

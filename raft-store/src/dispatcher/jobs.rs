@@ -8,11 +8,10 @@
 
 use std::collections::VecDeque;
 
-use super::datasets::{dataset_not_found, wrong_kind};
+use super::errors::{dataset_not_found, iteration_not_found, job_not_found, status, wrong_kind};
 use super::ids::Kind;
 use super::{
-    sharding, status, DispatcherOutput, DispatcherState, Iteration, Job, Leases, Provider,
-    ProviderSpec,
+    sharding, DispatcherOutput, DispatcherState, Iteration, Job, Leases, Provider, ProviderSpec,
 };
 use crate::error::{Code, OpError};
 
@@ -25,16 +24,6 @@ pub(super) struct JobRequest<'a> {
     pub num_consumers: Option<i64>,
     pub target_workers: i32,
     pub cross_trainer_cache: bool,
-}
-
-/// TensorFlow's error for an unknown job id.
-pub fn job_not_found(id: i64) -> OpError {
-    status(Code::NotFound, format!("Job with id {id} not found"))
-}
-
-/// TensorFlow's error for an unknown iteration id.
-pub fn iteration_not_found(id: i64) -> OpError {
-    status(Code::NotFound, format!("Iteration id {id} not found"))
 }
 
 impl DispatcherState {

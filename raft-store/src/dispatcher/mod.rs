@@ -28,107 +28,45 @@
 //! in the leader's memory (heartbeat times, the round each round-robin client reads, consumers'
 //! agreement to remove a task); the leader passes what an op needs of it inside the op.
 //!
-//! - [`model`]: the records. [`ops`]: the updates and their answers.
+//! The modules, bottom up (each uses only those before it; this file routes an op to them):
+//!
+//! - [`model`]: the records; [`sharding`]: TensorFlow's processing modes; `errors`: refusals, in
+//!   each surface's words; [`ops`]: the updates and their answers.
+//! - `state`: [`DispatcherState`] and what the surfaces read of it.
 //! - `ids`: ids of each kind, and those of coord's dispatcher of before.
 //! - `datasets`: registration (a graph with a client-chosen id, or a definition by fingerprint)
 //!   and the compression decision.
 //! - `jobs`: TensorFlow's jobs and iterations, clients, collection of idle iterations.
 //! - `definitions`: coord's jobs: a job of a definition, read once.
-//! - `workers`: worker registration and loss, for both kinds of workers.
 //! - `tasks`: making, finishing and removing tasks; when an iteration is finished.
+//! - `workers`: worker registration and loss, for both kinds of workers.
 //! - `splits`: DYNAMIC sharding's providers, and leases for workers that report delivery.
 //! - `rounds`: round-robin reads: pending tasks, consumers' agreement, task removal.
 //! - [`legacy`]: the two states of before, read from old snapshots and logs into this one.
 
 mod datasets;
 mod definitions;
+mod errors;
 mod ids;
 mod jobs;
 pub mod legacy;
 pub mod model;
 pub mod ops;
 mod rounds;
+pub mod sharding;
 mod splits;
+mod state;
 mod tasks;
 #[cfg(test)]
 mod tests;
 mod workers;
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Code, OpError};
-
 pub use model::{
     Dataset, DatasetSource, Iteration, Job, Leases, LegacyIds, NextIds, PendingTask, Provider,
-    ProviderSpec, Task, Worker, WorkerIndex, ENDLESS,
+    ProviderSpec, Task, Worker, WorkerIndex, COMPRESSION_SNAPPY, ENDLESS,
 };
 pub use ops::{DispatcherOp, DispatcherOutput, DispatcherResult, LeaseAnswer};
-
-/// TensorFlow's `ProcessingModeDef.ShardingPolicy`, as its wire numbers. coord's
-/// `ProcessingMode` (OFF, DYNAMIC, FILE, DATA) has the same numbers.
-pub mod sharding {
-    pub const OFF: i32 = 0;
-    pub const DYNAMIC: i32 = 1;
-    pub const FILE: i32 = 2;
-    pub const DATA: i32 = 3;
-    pub const FILE_OR_DATA: i32 = 4;
-    pub const HINT: i32 = 5;
-
-    /// Static sharding: worker i of n reads its share.
-    pub fn is_static(policy: i32) -> bool {
-        matches!(policy, FILE | DATA | FILE_OR_DATA | HINT)
-    }
-
-    pub fn name(policy: i32) -> &'static str {
-        match policy {
-            OFF => "OFF",
-            DYNAMIC => "DYNAMIC",
-            FILE => "FILE",
-            DATA => "DATA",
-            FILE_OR_DATA => "FILE_OR_DATA",
-            HINT => "HINT",
-            _ => "unknown",
-        }
-    }
-}
-
-/// `DataServiceMetadata.Compression`'s SNAPPY: the only compression that can be turned off.
-pub const COMPRESSION_SNAPPY: i32 = 2;
-
-/// Everything the dispatcher knows. A part of `CoordState`, so of every snapshot.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-pub struct DispatcherState {
-    pub datasets: BTreeMap<String, Dataset>,
-    /// A definition's fingerprint -> its dataset.
-    pub by_fingerprint: BTreeMap<u64, String>,
-    pub workers: BTreeMap<String, Worker>,
-    pub jobs: BTreeMap<i64, Job>,
-    pub jobs_by_name: BTreeMap<String, i64>,
-    pub iterations: BTreeMap<i64, Iteration>,
-    /// (job name, repetition) -> the iteration (the latest, if one was garbage-collected).
-    pub iterations_by_key: BTreeMap<(String, i64), i64>,
-    /// Every task not removed by MaybeRemoveTask (TF forgets those).
-    pub tasks: BTreeMap<i64, Task>,
-    /// Iteration client -> its iteration.
-    pub clients: BTreeMap<i64, i64>,
-    pub next: NextIds,
-    /// Ops applied so far (a refused op changes nothing and is not counted).
-    pub updates: u64,
-    /// DYNAMIC splits handed out for the first time, every iteration together.
-    pub splits_handed_out: u64,
-    /// Present when the state began as coord's dispatcher of before (see [`legacy`]).
-    pub legacy: Option<LegacyIds>,
-    /// While an update of coord's dispatcher of before is applied: its new ids number on from
-    /// [`LegacyIds::last_id`], as that dispatcher's did. Never set between updates.
-    #[serde(skip)]
-    replaying_legacy: bool,
-}
-
-pub(crate) fn status(code: Code, message: String) -> OpError {
-    OpError::Status { code, message }
-}
+pub use state::DispatcherState;
 
 impl DispatcherState {
     /// Applies one op. Times it needs travel inside it (picked by the leader), so apply reads no
@@ -240,52 +178,5 @@ impl DispatcherState {
         }?;
         self.updates += 1;
         Ok(out)
-    }
-
-    /// The tasks an iteration's clients read (TF's `TasksForIteration`): not removed.
-    pub fn iteration_tasks<'a>(&'a self, it: &'a Iteration) -> impl Iterator<Item = &'a Task> {
-        it.tasks
-            .iter()
-            .filter_map(|t| self.tasks.get(t))
-            .filter(|t| !t.removed)
-    }
-
-    /// The iteration of an iteration client, with TF's error for an unknown one.
-    pub fn client_iteration(&self, client: i64) -> Result<&Iteration, OpError> {
-        self.clients
-            .get(&client)
-            .and_then(|i| self.iterations.get(i))
-            .ok_or_else(|| {
-                status(
-                    Code::NotFound,
-                    format!("Iteration client id not found: {client}"),
-                )
-            })
-    }
-
-    /// Iteration clients whose iteration has not finished (TF's `ListActiveClientIds`).
-    pub fn active_clients(&self) -> impl Iterator<Item = i64> + '_ {
-        self.clients
-            .iter()
-            .filter(|(_, it)| self.iterations.get(it).is_some_and(|it| !it.finished))
-            .map(|(c, _)| *c)
-    }
-
-    /// The dataset an iteration reads.
-    pub fn iteration_dataset(&self, it: &Iteration) -> Option<&Dataset> {
-        let job = self.jobs.get(&it.job)?;
-        self.datasets.get(&job.dataset)
-    }
-
-    /// Whether the iteration reads a coord definition (its workers report delivery).
-    pub fn reads_definition(&self, it: &Iteration) -> bool {
-        self.iteration_dataset(it)
-            .is_some_and(|d| d.source.is_definition())
-    }
-
-    pub(crate) fn is_round_robin(&self, job: i64) -> bool {
-        self.jobs
-            .get(&job)
-            .is_some_and(|j| j.num_consumers.is_some())
     }
 }

@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+/// `DataServiceMetadata.Compression`'s SNAPPY: the only compression that can be turned off.
+pub const COMPRESSION_SNAPPY: i32 = 2;
+
 /// What a dataset is made of, which says which workers can produce it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum DatasetSource {

@@ -12,7 +12,8 @@
 //! (that agreement is gathered in the leader's memory); it is then forgotten. (coord's round-robin
 //! tasks leave only with their worker's death.)
 
-use super::{status, DispatcherOutput, DispatcherState};
+use super::errors::status;
+use super::{DispatcherOutput, DispatcherState};
 use crate::error::{Code, OpError};
 
 impl DispatcherState {

@@ -19,9 +19,8 @@
 
 use std::collections::BTreeSet;
 
-use super::definitions::not_known;
-use super::jobs::iteration_not_found;
-use super::{sharding, status, DispatcherOutput, DispatcherState, LeaseAnswer, Leases, Provider};
+use super::errors::{iteration_not_found, not_known, status};
+use super::{sharding, DispatcherOutput, DispatcherState, LeaseAnswer, Leases, Provider};
 use crate::error::{Code, OpError};
 
 impl Provider {

@@ -10,14 +10,10 @@
 
 use std::collections::BTreeSet;
 
+use super::errors::task_not_found;
 use super::ids::Kind;
-use super::{sharding, status, DispatcherOutput, DispatcherState, PendingTask, Task};
-use crate::error::{Code, OpError};
-
-/// TensorFlow's error for an unknown task id.
-pub fn task_not_found(id: i64) -> OpError {
-    status(Code::NotFound, format!("Task {id} not found"))
-}
+use super::{sharding, DispatcherOutput, DispatcherState, PendingTask, Task};
+use crate::error::OpError;
 
 impl DispatcherState {
     /// Workers present (not lost) that can produce `dataset`, in address order.

@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
-use super::{sharding, status, DispatcherOutput, DispatcherState, Worker, WorkerIndex};
+use super::errors::status;
+use super::{sharding, DispatcherOutput, DispatcherState, Worker, WorkerIndex};
 use crate::error::{Code, OpError};
 
 /// What a TensorFlow worker's heartbeat says of it.

@@ -219,7 +219,8 @@ impl CoordState {
                 .map(Output::Dispatcher),
             Op::EndRun { .. } if self.cluster.is_none() => Err(OpError::NoCluster),
             Op::EndRun { .. } => {
-                self.end_run(changes);
+                self.runs
+                    .end_run(self.cluster.as_mut(), &mut self.kv, changes);
                 Ok(Output::Done)
             }
             Op::SetQuota { bytes } => {
@@ -234,7 +235,13 @@ impl CoordState {
                     task, incarnation, ..
                 } = op
                 {
-                    self.before_registration(task, *incarnation, changes);
+                    self.runs.before_registration(
+                        self.cluster.as_mut(),
+                        &mut self.kv,
+                        task,
+                        *incarnation,
+                        changes,
+                    );
                 }
                 self.apply_to_cluster(op, now_ms, changes)
             }
@@ -257,7 +264,7 @@ impl CoordState {
                     .any(|ch| matches!(ch, Change::TaskChanged { .. }))
                 {
                     c.tasks_changed(changes);
-                    self.after_task_changes();
+                    self.runs.after_task_changes(Some(c), &self.kv);
                 }
                 result
             }

@@ -28,7 +28,6 @@ use super::cluster::TaskName;
 use super::coordination::Cluster;
 use super::kv::KvStore;
 use super::tasks::TaskState;
-use super::CoordState;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobRuns {
@@ -145,33 +144,6 @@ impl JobRuns {
 // `apply`'s calls, over the parts of the state a run touches. They belong in `super`, beside
 // `apply`: this is the only use of `CoordState` below it, and the one import circle left in the
 // state (issue 37); they move there with the next change to `state/mod.rs`.
-impl CoordState {
-    pub(crate) fn before_registration(
-        &mut self,
-        task: &TaskName,
-        incarnation: u64,
-        changes: &mut Vec<Change>,
-    ) {
-        self.runs.before_registration(
-            self.cluster.as_mut(),
-            &mut self.kv,
-            task,
-            incarnation,
-            changes,
-        );
-    }
-
-    pub(crate) fn after_task_changes(&mut self) {
-        self.runs
-            .after_task_changes(self.cluster.as_ref(), &self.kv);
-    }
-
-    pub(crate) fn end_run(&mut self, changes: &mut Vec<Change>) {
-        self.runs
-            .end_run(self.cluster.as_mut(), &mut self.kv, changes);
-    }
-}
-
 /// The service incarnation of run `number`, from the previous run's (splitmix64: a different,
 /// well-mixed value every run; never 0, which clients read as "none").
 fn next_incarnation(previous: u64, number: u64) -> u64 {

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::*;
+pub(super) use crate::error::{Code, OpError};
 
 pub(super) fn op(s: &mut DispatcherState, op: DispatcherOp) -> DispatcherResult {
     let before = s.clone();
