@@ -10,17 +10,18 @@ use coord_proto::coord::kv::raw_keys_client::RawKeysClient;
 use coord_proto::coord::kv::raw_keys_server::RawKeys;
 use tonic::{Request, Response, Status};
 
+use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use crate::serve::raw_kv::RawCore;
 use crate::serve::route::{Kind, Router};
 
 pub struct RawKeyService {
     router: Arc<Router>,
-    raw: Arc<RawCore>,
+    core: Arc<RawCore>,
 }
 
 impl RawKeyService {
-    pub fn new(router: Arc<Router>, raw: Arc<RawCore>) -> Self {
-        Self { router, raw }
+    pub fn new(router: Arc<Router>, core: Arc<RawCore>) -> Self {
+        Self { router, core }
     }
 }
 
@@ -31,23 +32,12 @@ fn value(v: Option<Bytes>) -> pb::RawValue {
     }
 }
 
-/// Routes one method: `$name` is its name for routing and metrics, `$kind` Read or Write, `$local`
-/// a closure (message, request id) serving it here, `$method` the client's method for forwards.
-macro_rules! route {
-    ($self:ident, $req:ident, $name:literal, $kind:expr, $method:ident,
-     |$raw:ident, $m:ident, $id:pat_param| $body:block) => {{
-        let $raw: &RawCore = &$self.raw;
-        $self
-            .router
-            .route(
-                concat!("raw/", $name),
-                $kind,
-                $req,
-                |$m, $id| async move $body,
-                |ch, r| async move { RawKeysClient::new(ch).$method(r).await },
-            )
-            .await
-    }};
+/// The leader's client for a forwarded call: a value may be as large as a request may (torch's
+/// values reach 8 MiB, past gRPC's default 4 MiB).
+fn client(ch: PeerChannel) -> RawKeysClient<PeerChannel> {
+    RawKeysClient::new(ch)
+        .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT)
 }
 
 #[tonic::async_trait]
@@ -56,7 +46,7 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawSetRequest>,
     ) -> Result<Response<pb::RawSetResponse>, Status> {
-        route!(self, req, "Set", Kind::Write, set, |raw, m, id| {
+        routed!(self, req, "raw/Set", Kind::Write, set, |raw, m, id| {
             let entries = m.entries.into_iter().map(|e| (e.key, e.value)).collect();
             raw.set(id, entries).await?;
             Ok(pb::RawSetResponse {})
@@ -67,7 +57,7 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawGetRequest>,
     ) -> Result<Response<pb::RawGetResponse>, Status> {
-        route!(self, req, "Get", Kind::Read, get, |raw, m, _| {
+        routed!(self, req, "raw/Get", Kind::Read, get, |raw, m, _| {
             let values = raw.get(&m.keys).await?;
             Ok(pb::RawGetResponse {
                 values: values.into_iter().map(value).collect(),
@@ -79,10 +69,10 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawCompareSetRequest>,
     ) -> Result<Response<pb::RawCompareSetResponse>, Status> {
-        route!(
+        routed!(
             self,
             req,
-            "CompareSet",
+            "raw/CompareSet",
             Kind::Write,
             compare_set,
             |raw, m, id| {
@@ -98,7 +88,7 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawAddRequest>,
     ) -> Result<Response<pb::RawAddResponse>, Status> {
-        route!(self, req, "Add", Kind::Write, add, |raw, m, id| {
+        routed!(self, req, "raw/Add", Kind::Write, add, |raw, m, id| {
             let value = raw.add(id, m.key, m.delta).await?;
             Ok(pb::RawAddResponse { value })
         })
@@ -108,30 +98,44 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawAppendRequest>,
     ) -> Result<Response<pb::RawAppendResponse>, Status> {
-        route!(self, req, "Append", Kind::Write, append, |raw, m, id| {
-            raw.append(id, m.key, m.value).await?;
-            Ok(pb::RawAppendResponse {})
-        })
+        routed!(
+            self,
+            req,
+            "raw/Append",
+            Kind::Write,
+            append,
+            |raw, m, id| {
+                raw.append(id, m.key, m.value).await?;
+                Ok(pb::RawAppendResponse {})
+            }
+        )
     }
 
     async fn delete(
         &self,
         req: Request<pb::RawDeleteRequest>,
     ) -> Result<Response<pb::RawDeleteResponse>, Status> {
-        route!(self, req, "Delete", Kind::Write, delete, |raw, m, id| {
-            let deleted = raw.delete(id, m.key).await?;
-            Ok(pb::RawDeleteResponse { deleted })
-        })
+        routed!(
+            self,
+            req,
+            "raw/Delete",
+            Kind::Write,
+            delete,
+            |raw, m, id| {
+                let deleted = raw.delete(id, m.key).await?;
+                Ok(pb::RawDeleteResponse { deleted })
+            }
+        )
     }
 
     async fn queue_push(
         &self,
         req: Request<pb::RawQueuePushRequest>,
     ) -> Result<Response<pb::RawQueuePushResponse>, Status> {
-        route!(
+        routed!(
             self,
             req,
-            "QueuePush",
+            "raw/QueuePush",
             Kind::Write,
             queue_push,
             |raw, m, id| {
@@ -145,10 +149,10 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawQueuePopRequest>,
     ) -> Result<Response<pb::RawQueuePopResponse>, Status> {
-        route!(
+        routed!(
             self,
             req,
-            "QueuePop",
+            "raw/QueuePop",
             Kind::Write,
             queue_pop,
             |raw, m, id| {
@@ -165,17 +169,24 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawQueueLenRequest>,
     ) -> Result<Response<pb::RawQueueLenResponse>, Status> {
-        route!(self, req, "QueueLen", Kind::Read, queue_len, |raw, m, _| {
-            let length = raw.queue_len(&m.key).await?;
-            Ok(pb::RawQueueLenResponse { length })
-        })
+        routed!(
+            self,
+            req,
+            "raw/QueueLen",
+            Kind::Read,
+            queue_len,
+            |raw, m, _| {
+                let length = raw.queue_len(&m.key).await?;
+                Ok(pb::RawQueueLenResponse { length })
+            }
+        )
     }
 
     async fn check(
         &self,
         req: Request<pb::RawKeysRequest>,
     ) -> Result<Response<pb::RawCheckResponse>, Status> {
-        route!(self, req, "Check", Kind::Read, check, |raw, m, _| {
+        routed!(self, req, "raw/Check", Kind::Read, check, |raw, m, _| {
             let ready = raw.check(&m.keys).await?;
             Ok(pb::RawCheckResponse { ready })
         })
@@ -185,7 +196,7 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawKeysRequest>,
     ) -> Result<Response<pb::RawWaitResponse>, Status> {
-        route!(self, req, "Wait", Kind::Read, wait, |raw, m, _| {
+        routed!(self, req, "raw/Wait", Kind::Read, wait, |raw, m, _| {
             raw.wait(&m.keys).await?;
             Ok(pb::RawWaitResponse {})
         })
@@ -195,17 +206,24 @@ impl RawKeys for RawKeyService {
         &self,
         req: Request<pb::RawBarrierRequest>,
     ) -> Result<Response<pb::RawBarrierResponse>, Status> {
-        route!(self, req, "Barrier", Kind::Write, barrier, |raw, m, id| {
-            let count = raw.barrier(id, m.key, m.world_size).await?;
-            Ok(pb::RawBarrierResponse { count })
-        })
+        routed!(
+            self,
+            req,
+            "raw/Barrier",
+            Kind::Write,
+            barrier,
+            |raw, m, id| {
+                let count = raw.barrier(id, m.key, m.world_size).await?;
+                Ok(pb::RawBarrierResponse { count })
+            }
+        )
     }
 
     async fn list(
         &self,
         req: Request<pb::RawListRequest>,
     ) -> Result<Response<pb::RawListResponse>, Status> {
-        route!(self, req, "List", Kind::Read, list, |raw, m, _| {
+        routed!(self, req, "raw/List", Kind::Read, list, |raw, m, _| {
             let (count, keys) = raw.list(&m.prefix, m.with_keys).await?;
             Ok(pb::RawListResponse { count, keys })
         })
