@@ -314,6 +314,15 @@ async fn a_task_may_act_only_as_itself() {
             &err,
             &["xla/RegisterTask", "source_task_id", "task worker/1"],
         );
+        // With XLA's error payload: without it jaxlib takes the refusal for a lost connection.
+        let details: coord_proto::tensorflow::distributed_runtime::GrpcPayloadContainer =
+            prost::Message::decode(err.details()).expect("XLA error details");
+        assert!(
+            details
+                .payloads
+                .contains_key(coord_proto::tensorflow::distributed_runtime::COORDINATION_ERROR_URL),
+            "{err:?}"
+        );
         // A task may not reconfigure the ensemble.
         let err = as0.remove_member(3).await.expect_err("member remove");
         assert_denied(&err, &["RemoveMember", "not allowed to a task"]);

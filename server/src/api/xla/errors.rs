@@ -5,7 +5,7 @@
 use coord_proto::xla::coordination as xla;
 use coord_raft_store::state::{ErrorEvent, TaskError, TaskName};
 use prost::Message;
-use tonic::Code;
+use tonic::{Code, Status};
 
 use crate::api::payloads::{detailed_with, with_payloads};
 use crate::error::{grpc_code, CoordError};
@@ -31,6 +31,18 @@ pub fn error_payload(e: &TaskError) -> xla::CoordinationServiceError {
 /// must re-drive, and errors already detailed, pass unchanged.
 pub fn detailed(e: CoordError) -> CoordError {
     detailed_with(e, None)
+}
+
+/// An authorization refusal (`PERMISSION_DENIED`, see `ops::authz`) as an answer of the service:
+/// with a `CoordinationServiceError`, as every other error of the service. Without it jaxlib takes
+/// the refusal for a broken connection and repeats RegisterTask until its own deadline, then
+/// reports a timeout instead of the refusal. Other errors of the check pass unchanged.
+pub fn refused(s: Status) -> Status {
+    if s.code() != Code::PermissionDenied {
+        return s;
+    }
+    let message = s.message().to_string();
+    Status::from(with_payloads(s.code(), message, Vec::new(), None))
 }
 
 /// A request made for another service incarnation: INTERNAL, with the service's own.

@@ -33,7 +33,7 @@ use crate::raft::peers::PEER_MESSAGE_LIMIT;
 use crate::serve::coordination::CoordCore;
 use crate::serve::kv::KvCore;
 use crate::serve::route::Router;
-use errors::{detailed, service_mismatch};
+use errors::{detailed, refused, service_mismatch};
 
 pub struct XlaService {
     router: Arc<Router>,
@@ -114,7 +114,7 @@ impl XlaService {
     }
 
     /// Over TLS, a task's certificate acts only as its own task (see `authz`): `id` is the XLA
-    /// task id the request names in `field`.
+    /// task id the request names in `field`. A refusal carries XLA's error payload.
     fn acting_as<T>(
         &self,
         req: &Request<T>,
@@ -126,7 +126,7 @@ impl XlaService {
             let (job, _) = self.job().map_err(Status::from)?;
             Ok((job, i64::from(id)))
         });
-        self.router.checked(method, check)
+        self.router.checked(method, check.map_err(refused))
     }
 
     /// Every task of `ids` (the job read once for all of them).
