@@ -90,6 +90,13 @@ impl Identity {
     }
 }
 
+/// What every replica identity of ensemble `cluster` starts with, `coord://<cluster>/replica/`:
+/// the prefix a client that checks its server by URI SAN is given (jaxlib's
+/// `mtls_peer_uri_prefix`, which must end with `/`).
+pub fn replica_uri_prefix(cluster: &str) -> String {
+    format!("{SCHEME}://{cluster}/replica/")
+}
+
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -334,6 +341,14 @@ mod tests {
         ] {
             assert_eq!(Identity::parse(&id.to_string()), Ok(Some(id)));
         }
+        let replica = Identity::Replica {
+            cluster: "coord".into(),
+            id: 2,
+        };
+        assert!(replica
+            .to_string()
+            .starts_with(&replica_uri_prefix("coord")));
+        assert!(!replica.to_string().starts_with(&replica_uri_prefix("coo")));
     }
 
     #[test]

@@ -45,6 +45,11 @@ impl TestPki {
         }
     }
 
+    /// What the replicas' identities start with (`coord://<cluster>/replica/`).
+    pub fn replica_uri_prefix(&self) -> String {
+        coord_proto::tls::replica_uri_prefix(&self.cluster)
+    }
+
     pub fn task(&self, job: &str, index: u32) -> Identity {
         Identity::Task {
             cluster: self.cluster.clone(),

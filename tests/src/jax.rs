@@ -1,9 +1,11 @@
-//! The real jaxlib client, for the tests of the XLA surface: a Python venv with `jax` and
-//! `jaxlib` from PyPI, the scripts under `tests/jax/`, and coord-proxy sidecars.
+//! The real jaxlib client, for the tests of the XLA surface: Python venvs with `jax` and `jaxlib`
+//! from PyPI, one per [`JaxRelease`] the tests run, the scripts under `tests/jax/`, and coord-proxy
+//! sidecars.
 //!
-//! The venv is made once per target directory (`target/jax-venv-<version>`, under a file lock so
-//! that concurrent test processes share it). Where it cannot be made (no Python 3.11, PyPI out of
-//! reach), [`Jax::get`] says why and the tests skip with that reason.
+//! A venv is made once per target directory (`target/jax-venv-<version>`, under a file lock so
+//! that concurrent test processes share it), with the CPython its release's wheels need. Where it
+//! cannot be made (no such CPython, PyPI out of reach), [`Jax::get`] says why and the tests skip
+//! with that reason.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,31 +13,53 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{free_ports, workspace_binary};
 pub use crate::venv::Guarded;
-use crate::venv::VenvSpec;
+use crate::venv::{Interpreter, VenvSpec, CPYTHON_3_11};
 
-/// The jaxlib release the tests run (0.10.x speaks `xla.coordination`; it is what PyPI offers
-/// CPython 3.11).
-pub const JAX_VERSION: &str = "0.10.2";
+/// A jaxlib release the tests run, and the CPython it is installed with.
+#[derive(Clone, Copy, Debug)]
+pub struct JaxRelease {
+    /// `jax` and `jaxlib` are pinned to the same version.
+    pub version: &'static str,
+    pub interpreter: Interpreter,
+    /// `jax.distributed.initialize` takes `mtls_*` arguments (jaxlib 0.11.2 and later).
+    pub mtls: bool,
+}
+
+/// jaxlib 0.10: the first line that speaks `xla.coordination`, and the newest PyPI offers CPython
+/// 3.11.
+pub const JAX_0_10: JaxRelease = JaxRelease {
+    version: "0.10.2",
+    interpreter: CPYTHON_3_11,
+    mtls: false,
+};
+
+/// The newest jaxlib; it needs CPython 3.12 or later.
+pub const JAX_0_12: JaxRelease = JaxRelease {
+    version: "0.12.0.1",
+    interpreter: Interpreter(&[(3, 13), (3, 12)]),
+    mtls: true,
+};
 
 pub struct Jax {
     python: PathBuf,
+    pub release: JaxRelease,
 }
 
 impl Jax {
-    /// The venv with jax and jaxlib, made if needed; `Err` says why it cannot be had here.
-    pub fn get() -> Result<Jax, String> {
+    /// The venv with jax and jaxlib of `release`, made if needed; `Err` says why it cannot be had
+    /// here.
+    pub fn get(release: JaxRelease) -> Result<Jax, String> {
+        let v = release.version;
         let python = VenvSpec {
-            dir_name: &format!("jax-venv-{JAX_VERSION}"),
-            requirements: &[
-                format!("jax=={JAX_VERSION}"),
-                format!("jaxlib=={JAX_VERSION}"),
-            ],
-            describe: &format!("jax and jaxlib {JAX_VERSION}"),
-            short: &format!("jax/jaxlib {JAX_VERSION}"),
-            marker: JAX_VERSION,
+            dir_name: &format!("jax-venv-{v}"),
+            interpreter: release.interpreter,
+            requirements: &[format!("jax=={v}"), format!("jaxlib=={v}")],
+            describe: &format!("jax and jaxlib {v}"),
+            short: &format!("jax/jaxlib {v}"),
+            marker: v,
         }
         .python()?;
-        Ok(Jax { python })
+        Ok(Jax { python, release })
     }
 
     /// The path of a script under `tests/jax/`.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::venv::{Guarded, VenvSpec};
+use crate::venv::{Guarded, VenvSpec, CPYTHON_3_11};
 
 /// The TensorFlow release the peer runs (`tensorflow-cpu`; PyPI has cp311 manylinux wheels).
 pub const TF_VERSION: &str = "2.21.0";
@@ -37,6 +37,7 @@ const STDERR_TAIL: usize = 25;
 pub fn tf_python() -> Result<PathBuf, String> {
     VenvSpec {
         dir_name: &format!("tf-venv-{TF_VERSION}"),
+        interpreter: CPYTHON_3_11,
         requirements: &[format!("tensorflow-cpu=={TF_VERSION}")],
         describe: &format!("tensorflow-cpu {TF_VERSION}"),
         short: &format!("tensorflow-cpu {TF_VERSION}"),

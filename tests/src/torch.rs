@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{free_ports, workspace_binary};
 pub use crate::venv::Guarded;
-use crate::venv::VenvSpec;
+use crate::venv::{VenvSpec, CPYTHON_3_11};
 
 /// The torch release the tests run.
 pub const TORCH_VERSION: &str = "2.15.0";
@@ -26,6 +26,7 @@ impl Torch {
     pub fn get() -> Result<Torch, String> {
         let python = VenvSpec {
             dir_name: &format!("torch-venv-{TORCH_VERSION}"),
+            interpreter: CPYTHON_3_11,
             // numpy only keeps torch from warning at import.
             requirements: &[format!("torch=={TORCH_VERSION}"), "numpy".to_string()],
             describe: &format!("torch {TORCH_VERSION} (about 3 GB with its CUDA libraries)"),

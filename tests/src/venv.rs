@@ -3,11 +3,12 @@
 //!
 //! A venv is made once per target directory (`target/<name>`), under a file lock
 //! (`target/<name>.lock`) so that concurrent test processes share it, and is ready once its
-//! `installed` marker exists. Where it cannot be made (no CPython 3.11, PyPI out of reach), the
-//! error says why, and the callers skip with that reason.
+//! `installed` marker exists. The spec names the CPython releases it may be made with; the first
+//! one found on this machine is used (see [`Interpreter`]). Where it cannot be made (no such
+//! CPython, PyPI out of reach), the error says why, and the callers skip with that reason.
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use crate::cluster::profile_dir;
@@ -34,10 +35,61 @@ impl Drop for Guarded {
     }
 }
 
+/// The CPython releases a venv may be made with, most wanted first: each as `(3, minor)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Interpreter(pub &'static [(u32, u32)]);
+
+/// CPython 3.11: what the TensorFlow, torch and older jaxlib wheels the tests pin are built for.
+pub const CPYTHON_3_11: Interpreter = Interpreter(&[(3, 11)]);
+
+impl Interpreter {
+    /// Names the releases in messages: "CPython 3.13 or 3.12".
+    pub fn describe(&self) -> String {
+        let versions: Vec<String> = self.0.iter().map(|(a, b)| format!("{a}.{b}")).collect();
+        format!("CPython {}", versions.join(" or "))
+    }
+
+    /// The first interpreter of one of these releases on this machine: `python3.X` on the PATH,
+    /// then pyenv's installed versions (`$PYENV_ROOT`, or `~/.pyenv`, `versions/*/bin/python3.X`:
+    /// pyenv's shims on the PATH run only the version pyenv has selected), then `python3`.
+    pub fn find(&self) -> Option<PathBuf> {
+        let pyenv = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")));
+        let installed: Vec<PathBuf> = pyenv
+            .and_then(|root| std::fs::read_dir(root.join("versions")).ok())
+            .map(|dirs| dirs.flatten().map(|d| d.path().join("bin")).collect())
+            .unwrap_or_default();
+        self.0.iter().find_map(|&(major, minor)| {
+            let name = format!("python{major}.{minor}");
+            std::iter::once(PathBuf::from(&name))
+                .chain(installed.iter().map(|bin| bin.join(&name)))
+                .chain(std::iter::once(PathBuf::from("python3")))
+                .find(|p| is_release(p, major, minor))
+        })
+    }
+}
+
+/// Whether `python` runs and is CPython `major.minor`.
+fn is_release(python: &Path, major: u32, minor: u32) -> bool {
+    let check = format!(
+        "import sys; assert sys.implementation.name == 'cpython' and \
+         sys.version_info[:2] == ({major}, {minor})"
+    );
+    Command::new(python)
+        .args(["-c", &check])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// What to install in a venv, and how to name it in messages.
 pub struct VenvSpec<'a> {
     /// The venv's directory under the target directory (also names its lock file).
     pub dir_name: &'a str,
+    /// The CPython releases the venv may be made with.
+    pub interpreter: Interpreter,
     /// The pip requirements, e.g. `tensorflow-cpu==2.21.0`.
     pub requirements: &'a [String],
     /// Names what is installed in the "installing ... from PyPI" line.
@@ -46,16 +98,6 @@ pub struct VenvSpec<'a> {
     pub short: &'a str,
     /// Written to the `installed` marker.
     pub marker: &'a str,
-}
-
-fn python_for_venv() -> Option<&'static str> {
-    ["python3.11", "python3"].into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import sys; assert sys.version_info[:2] == (3, 11)"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
 }
 
 /// The last `lines` lines of `bytes`, as text.
@@ -82,20 +124,31 @@ impl VenvSpec<'_> {
         if ready.exists() {
             return Ok(python);
         }
-        let base = python_for_venv().ok_or("no CPython 3.11 on this machine")?;
+        let base = self.interpreter.find().ok_or_else(|| {
+            format!(
+                "no {} on this machine (for {})",
+                self.interpreter.describe(),
+                self.short
+            )
+        })?;
         let _ = std::fs::remove_dir_all(&venv);
-        let out = Command::new(base)
+        let out = Command::new(&base)
             .args(["-m", "venv"])
             .arg(&venv)
             .output()
-            .map_err(|e| format!("{base} -m venv: {e}"))?;
+            .map_err(|e| format!("{} -m venv: {e}", base.display()))?;
         if !out.status.success() {
-            return Err(format!("{base} -m venv failed: {}", tail(&out.stderr, 5)));
+            return Err(format!(
+                "{} -m venv failed: {}",
+                base.display(),
+                tail(&out.stderr, 5)
+            ));
         }
         eprintln!(
-            "installing {} from PyPI into {}",
+            "installing {} from PyPI into {} (with {})",
             self.describe,
-            venv.display()
+            venv.display(),
+            base.display()
         );
         let out = Command::new(&python)
             .args([

@@ -1,37 +1,71 @@
-//! The XLA surface with the real client: jaxlib 0.10 from PyPI, in a venv the test makes (it
-//! skips, saying why, where PyPI or CPython 3.11 is out of reach).
+//! The XLA surface with the real client: jaxlib from PyPI, in venvs the tests make (they skip,
+//! saying why, where PyPI or the CPython a release needs is out of reach). Every test runs once
+//! per release, as `<test>::jax_0_10` (jaxlib 0.10.2, CPython 3.11) and `<test>::jax_0_12`
+//! (0.12.0.1, CPython 3.12 or later).
 //!
 //! - The same script of every client operation runs against jaxlib's own service and against a
 //!   3-replica ensemble: the outputs must be identical, error codes included.
 //! - Four JAX processes behind coord-proxy sidecars live through two leader kills, one while
 //!   they wait at a barrier and at a blocking get, without an error.
+//! - `jax.distributed.initialize` through sidecars, with and without TLS to the ensemble; and
+//!   with jaxlib's own mTLS straight to a replica ([`mtls`], 0.12 only).
 
 use std::time::Duration;
 
 use coord_agent::{ClientOptions, CoordClient};
 use coord_tests::cluster::free_ports;
-use coord_tests::jax::{Jax, Sidecar};
+use coord_tests::jax::{Jax, JaxRelease, Sidecar};
 use coord_tests::{Cluster, ClusterOptions};
 use serde_json::Value;
 
-fn jax_or_skip(test: &str) -> Option<Jax> {
-    match Jax::get() {
+// JAX's own mTLS to the replicas, with no sidecar.
+#[path = "jax/mtls.rs"]
+mod mtls;
+
+/// One test per jaxlib release: `$name::jax_0_10` and `$name::jax_0_12` run `$name(release)`.
+macro_rules! per_release {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn jax_0_10() {
+                super::$name(coord_tests::jax::JAX_0_10).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn jax_0_12() {
+                super::$name(coord_tests::jax::JAX_0_12).await
+            }
+        }
+    )*};
+}
+
+per_release!(
+    jaxlib_gets_the_answers_of_its_own_service,
+    a_task_that_stops_heartbeating_is_seen_dead,
+    jax_processes_survive_leader_kills_through_sidecars,
+    jax_distributed_initialize_runs_on_the_ensemble,
+    jax_over_tls_with_a_certificate_per_task,
+);
+
+/// The venv of `release`, or `None` after printing why the test skips.
+fn jax_or_skip(test: &str, release: JaxRelease) -> Option<Jax> {
+    match Jax::get(release) {
         Ok(j) => Some(j),
         Err(why) => {
-            eprintln!("SKIPPED {test}: {why}");
+            eprintln!("SKIPPED {test} (jaxlib {}): {why}", release.version);
             None
         }
     }
 }
 
-fn parse(out: &str) -> Vec<Value> {
+pub(crate) fn parse(out: &str) -> Vec<Value> {
     out.lines()
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
         .collect()
 }
 
-fn entry<'a>(log: &'a [Value], task: u64, op: &str) -> &'a Value {
+pub(crate) fn entry<'a>(log: &'a [Value], task: u64, op: &str) -> &'a Value {
     log.iter()
         .find(|e| e["task"] == task && e["op"] == op)
         .unwrap_or_else(|| panic!("no {op} of task {task} in {log:#?}"))
@@ -80,9 +114,8 @@ async fn both_services(
     (theirs, ours)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jaxlib_gets_the_answers_of_its_own_service() {
-    let Some(jax) = jax_or_skip("jaxlib_gets_the_answers_of_its_own_service") else {
+async fn jaxlib_gets_the_answers_of_its_own_service(release: JaxRelease) {
+    let Some(jax) = jax_or_skip("jaxlib_gets_the_answers_of_its_own_service", release) else {
         return;
     };
     let (theirs, ours) = both_services(&jax, &[], &["--heartbeat-timeout-ms", "3000"]).await;
@@ -114,9 +147,8 @@ async fn jaxlib_gets_the_answers_of_its_own_service() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_stops_heartbeating_is_seen_dead() {
-    let Some(jax) = jax_or_skip("a_task_that_stops_heartbeating_is_seen_dead") else {
+async fn a_task_that_stops_heartbeating_is_seen_dead(release: JaxRelease) {
+    let Some(jax) = jax_or_skip("a_task_that_stops_heartbeating_is_seen_dead", release) else {
         return;
     };
     // Task 2 vanishes; its job is recoverable on both services, so the others live on and ask
@@ -155,9 +187,11 @@ async fn wait_keys(client: &CoordClient, keys: &[String]) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jax_processes_survive_leader_kills_through_sidecars() {
-    let Some(jax) = jax_or_skip("jax_processes_survive_leader_kills_through_sidecars") else {
+async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease) {
+    let Some(jax) = jax_or_skip(
+        "jax_processes_survive_leader_kills_through_sidecars",
+        release,
+    ) else {
         return;
     };
     const N: usize = 4;
@@ -261,9 +295,8 @@ async fn jax_processes_survive_leader_kills_through_sidecars() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jax_distributed_initialize_runs_on_the_ensemble() {
-    let Some(jax) = jax_or_skip("jax_distributed_initialize_runs_on_the_ensemble") else {
+async fn jax_distributed_initialize_runs_on_the_ensemble(release: JaxRelease) {
+    let Some(jax) = jax_or_skip("jax_distributed_initialize_runs_on_the_ensemble", release) else {
         return;
     };
     const N: u64 = 2;
@@ -307,9 +340,8 @@ fn initialize_job(jax: &Jax, addrs: &[String], n: u64) {
 /// `jax.distributed.initialize` through sidecars that each present their own task's certificate
 /// to an ensemble that requires one: the job starts as without TLS. A sidecar holding another
 /// task's certificate cannot register its process.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jax_over_tls_with_a_certificate_per_task() {
-    let Some(jax) = jax_or_skip("jax_over_tls_with_a_certificate_per_task") else {
+async fn jax_over_tls_with_a_certificate_per_task(release: JaxRelease) {
+    let Some(jax) = jax_or_skip("jax_over_tls_with_a_certificate_per_task", release) else {
         return;
     };
     const N: u64 = 2;

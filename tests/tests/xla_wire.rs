@@ -1,6 +1,6 @@
-//! The XLA surface at the wire, where jaxlib 0.10's Python API does not reach: error payloads,
-//! the service-incarnation check, WatchTasks, ReportErrorToService, gzip, bad task ids.
-//! (tests/tests/jax.rs runs the real client.)
+//! The XLA surface at the wire, where jaxlib's Python API (0.10 and 0.12 alike) does not reach:
+//! error payloads, the service-incarnation check, WatchTasks, ReportErrorToService, gzip, bad task
+//! ids. (tests/tests/jax.rs runs the real client.)
 
 use std::time::Duration;
 
