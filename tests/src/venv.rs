@@ -172,3 +172,40 @@ impl VenvSpec<'_> {
         Ok(python)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A release nobody has is not found, and the venv's error names what was looked for (the
+    /// reason the tests print when they skip).
+    #[test]
+    fn a_missing_interpreter_is_named() {
+        let none = Interpreter(&[(3, 99), (3, 98)]);
+        assert_eq!(none.describe(), "CPython 3.99 or 3.98");
+        assert_eq!(none.find(), None);
+        let err = VenvSpec {
+            dir_name: "venv-of-a-missing-python",
+            interpreter: none,
+            requirements: &[],
+            describe: "nothing",
+            short: "nothing",
+            marker: "",
+        }
+        .python()
+        .expect_err("no CPython 3.99 here");
+        assert!(err.contains("no CPython 3.99 or 3.98"), "{err}");
+    }
+
+    /// The interpreter found is the release asked for.
+    #[test]
+    fn the_interpreter_found_is_of_the_release() {
+        let releases: [&'static [(u32, u32)]; 3] = [&[(3, 11)], &[(3, 12)], &[(3, 13)]];
+        for release in releases {
+            if let Some(python) = Interpreter(release).find() {
+                let (major, minor) = release[0];
+                assert!(is_release(&python, major, minor), "{}", python.display());
+            }
+        }
+    }
+}
