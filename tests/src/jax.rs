@@ -21,8 +21,6 @@ pub struct JaxRelease {
     /// `jax` and `jaxlib` are pinned to the same version.
     pub version: &'static str,
     pub interpreter: Interpreter,
-    /// `jax.distributed.initialize` takes `mtls_*` arguments (jaxlib 0.11.2 and later).
-    pub mtls: bool,
 }
 
 /// jaxlib 0.10: the first line that speaks `xla.coordination`, and the newest PyPI offers CPython
@@ -30,19 +28,17 @@ pub struct JaxRelease {
 pub const JAX_0_10: JaxRelease = JaxRelease {
     version: "0.10.2",
     interpreter: CPYTHON_3_11,
-    mtls: false,
 };
 
-/// The newest jaxlib; it needs CPython 3.12 or later.
+/// The newest jaxlib; it needs CPython 3.12 or later. It also speaks mTLS itself (jaxlib 0.11.2
+/// and later).
 pub const JAX_0_12: JaxRelease = JaxRelease {
     version: "0.12.0.1",
     interpreter: Interpreter(&[(3, 13), (3, 12)]),
-    mtls: true,
 };
 
 pub struct Jax {
     python: PathBuf,
-    pub release: JaxRelease,
 }
 
 impl Jax {
@@ -59,7 +55,7 @@ impl Jax {
             marker: v,
         }
         .python()?;
-        Ok(Jax { python, release })
+        Ok(Jax { python })
     }
 
     /// The path of a script under `tests/jax/`.

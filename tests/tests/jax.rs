@@ -377,8 +377,9 @@ async fn jax_over_tls_with_a_certificate_per_task(release: JaxRelease) {
     let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
     initialize_job(&jax, &addrs, N);
 
-    // Each process behind a sidecar with the other task's certificate: both are refused (jaxlib
-    // ends a process whose registration fails), and the replicas counted the refusals.
+    // Each process behind a sidecar with the other task's certificate: both are refused at once
+    // (`PERMISSION_DENIED`, and jaxlib ends a process whose registration fails), and the replicas
+    // counted the refusals.
     let swapped = [sidecar_of(1), sidecar_of(0)];
     let addrs: Vec<String> = swapped.iter().map(|s| s.addr.clone()).collect();
     let (code, out) = jax.run(
