@@ -10,9 +10,9 @@ Usage:
       tries its impersonations in between), then gets a peer's key, increments a counter, meets
       at a second barrier, asks who is alive and shuts down.
   jax_mtls.py as ADDRESS CA PREFIX TASK CERT:KEY
-      One client presenting CERT:KEY connects as task TASK.
+      One client presenting CERT:KEY connects as task TASK (init_timeout 90 s).
   jax_mtls.py plain ADDRESS TASK
-      One client without credentials connects as task TASK.
+      One client without credentials connects as task TASK (init_timeout 10 s).
   Where jaxlib aborts the client's process (as it does when registration fails), a last line
   gives the status it logged as the connect's error.
 
@@ -100,7 +100,7 @@ def job(address, ca, prefix, pairs, pid, out):
     out.put(log)
 
 
-def one_client(address, task, credentials, stderr_path, _pid, out):
+def one_client(address, task, credentials, init_timeout, stderr_path, _pid, out):
     import os
 
     from jax._src.lib import _jax
@@ -114,7 +114,7 @@ def one_client(address, task, credentials, stderr_path, _pid, out):
     client = _jax.get_distributed_runtime_client(
         address,
         task,
-        init_timeout=20,
+        init_timeout=init_timeout,
         shutdown_on_destruction=False,
         **credentials,
     )
@@ -122,7 +122,7 @@ def one_client(address, task, credentials, stderr_path, _pid, out):
     out.put(log)
 
 
-def connect(address, task, credentials):
+def connect(address, task, credentials, init_timeout):
     """Runs one client in a process of its own and prints what its connect came to: an entry of
     its own, or the status jaxlib logged before it aborted the process."""
     import re
@@ -130,7 +130,8 @@ def connect(address, task, credentials):
 
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/stderr"
-        exits = run_tasks(one_client, (address, task, credentials, path), 1, timeout=120)
+        args = (address, task, credentials, init_timeout, path)
+        exits = run_tasks(one_client, args, 1, timeout=180)
         with open(path, errors="replace") as f:
             stderr = f.read()
     if exits[0] != 0:
@@ -148,9 +149,10 @@ def main():
         run_tasks(job, (address, ca, prefix, pairs), len(pairs), timeout=600)
     elif mode == "as":
         ca, prefix, task, pair = sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
-        connect(address, task, mtls(ca, prefix, pair))
+        # A refusal must come at once, not after jaxlib retried until this timeout.
+        connect(address, task, mtls(ca, prefix, pair), init_timeout=90)
     elif mode == "plain":
-        connect(address, int(sys.argv[3]), {})
+        connect(address, int(sys.argv[3]), {}, init_timeout=10)
     else:
         sys.exit(f"unknown mode {mode!r}")
 

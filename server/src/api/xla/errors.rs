@@ -35,8 +35,9 @@ pub fn detailed(e: CoordError) -> CoordError {
 
 /// An authorization refusal (`PERMISSION_DENIED`, see `ops::authz`) as an answer of the service:
 /// with a `CoordinationServiceError`, as every other error of the service. Without it jaxlib takes
-/// the refusal for a broken connection and repeats RegisterTask until its own deadline, then
-/// reports a timeout instead of the refusal. Other errors of the check pass unchanged.
+/// the refusal for a broken connection and repeats RegisterTask until its `init_timeout` before
+/// it fails (jaxlib 0.12 with `init_timeout=20`: the refused process ended after 35 s, against 2 s
+/// with the payload). Other errors of the check pass unchanged.
 pub fn refused(s: Status) -> Status {
     if s.code() != Code::PermissionDenied {
         return s;
