@@ -115,6 +115,26 @@ pub async fn run(args: Args) -> Result<(), String> {
         );
     }
 
+    // torchrun's rendezvous to its first step.
+    let mut first = [Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        for (i, (name, addr)) in targets.iter().enumerate() {
+            let took = runs::first_step(&torch, addr, &format!("first-{name}-{round}"))?;
+            eprintln!(
+                "  torchrun 1 × 2 on {name}'s store, round {round}: first step after {}",
+                secs(took)
+            );
+            first[i].push(took);
+        }
+    }
+    let (first_t, first_c) = (median(&first[0]), median(&first[1]));
+
+    // Leader kills under a torch client.
+    let stalls = runs::stalls(&torch, &mut cluster, &sidecar.store, args.kills).await?;
+    let stall = median(&stalls);
+    let worst = stalls.iter().max().copied().unwrap_or_default();
+
+    // Last: a burst of thousands of connections leaves torch's own store busy for minutes.
     // init_process_group's store traffic.
     let mut init_rows = Vec::new();
     for &n in &args.ranks {
@@ -140,25 +160,6 @@ pub async fn run(args: Args) -> Result<(), String> {
         }
         init_rows.push((n, median(&times[0]), median(&times[1]), limit));
     }
-
-    // torchrun's rendezvous to its first step.
-    let mut first = [Vec::new(), Vec::new()];
-    for round in 0..args.rounds {
-        for (i, (name, addr)) in targets.iter().enumerate() {
-            let took = runs::first_step(&torch, addr, &format!("first-{name}-{round}"))?;
-            eprintln!(
-                "  torchrun 1 × 2 on {name}'s store, round {round}: first step after {}",
-                secs(took)
-            );
-            first[i].push(took);
-        }
-    }
-    let (first_t, first_c) = (median(&first[0]), median(&first[1]));
-
-    // Leader kills under a torch client.
-    let stalls = runs::stalls(&torch, &mut cluster, &sidecar.store, args.kills).await?;
-    let stall = median(&stalls);
-    let worst = stalls.iter().max().copied().unwrap_or_default();
 
     println!(
         "\n| torch on its store (median of {} rounds; kills: median of {}) | torch's store | coord | coord / torch | target | met |",
