@@ -31,7 +31,9 @@
 //! - [`tf_service`]: real TensorFlow tf.data service processes (TF's dispatcher, workers, readers)
 //!   pointed at any dispatcher address, for the dispatcher tests that compare TF's and coord's;
 //!   [`tfdata_conformance`]: the scenarios those tests run on both, and their checks.
-//! - [`torch`]: real torch in a venv, its test scripts, and coord-proxy sidecars serving its store.
+//! - [`tcpstore_client`]: a client of torch's TCPStore wire (coord-bench's simulated ranks).
+//! - [`torch`]: real torch in a venv, its test scripts, and coord-proxy sidecars serving its store;
+//!   [`torchrun`]: a running torchrun (or torch script) whose output lines a test follows.
 //! - [`bench`]: coord-bench's load generators, failover measurement, its targets (coord and
 //!   etcd 3.4), and each subcommand's runner (the binary is only the command line).
 
@@ -45,12 +47,14 @@ pub mod coord_suite;
 pub mod data;
 pub mod jax;
 pub mod link;
+pub mod tcpstore_client;
 pub mod tf;
 pub mod tf_conformance;
 pub mod tf_service;
 pub mod tfdata;
 pub mod tfdata_conformance;
 pub mod torch;
+pub mod torchrun;
 pub mod venv;
 
 pub use cluster::{Cluster, ClusterOptions};

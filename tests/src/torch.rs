@@ -156,4 +156,28 @@ impl StoreSidecar {
     pub fn alive(&mut self) -> bool {
         matches!(self.proc.child.try_wait(), Ok(None))
     }
+
+    /// kill -9 (its host dying).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Sends `sig` (`TERM`, `INT`) to the sidecar.
+    pub fn signal(&self, sig: &str) {
+        crate::cluster::send_signal(i64::from(self.proc.child.id()), sig);
+    }
+
+    /// Waits up to `timeout` for the sidecar to exit; its exit status (`None`: still running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.proc.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }

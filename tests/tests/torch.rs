@@ -5,12 +5,16 @@
 //!   COMPARE_SET's quirk, blocking calls released by a second client, a 4 MiB value) against
 //!   torch's own libuv server and against coord-proxy's, compared call by call.
 //! - Bad input closes only the offending connection, with a log line naming the problem.
+//! - SIGTERM (a Kubernetes sidecar being stopped) ends coord-proxy with status 0 at once.
+//! - torchrun (1 node × 2 workers) trains through two leader kills with the same result.
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
 use coord_tests::cluster::free_ports;
+use coord_tests::tcpstore_client::StoreClient;
 use coord_tests::torch::{StoreSidecar, Torch};
+use coord_tests::torchrun::Launched;
 use coord_tests::{Cluster, ClusterOptions};
 use serde_json::Value;
 
@@ -82,6 +86,26 @@ async fn torch_gets_the_answers_of_its_own_store() {
         );
     }
     assert_eq!(t.len(), o.len(), "torch's store:\n{theirs}\ncoord:\n{ours}");
+}
+
+/// A sidecar in a Kubernetes pod is stopped with SIGTERM: it must exit 0 at once, not wait out
+/// the pod's grace period, even with a torch client's WAIT parked on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_exits_cleanly_on_sigterm() {
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let mut sidecar = StoreSidecar::start(&cluster.endpoints());
+    let mut client = StoreClient::connect(&sidecar.store).await.expect("connect");
+    client.set(b"/here", b"1").await.expect("set");
+    client.get(b"/here").await.expect("get");
+    client.start_wait(&[b"/never"]).await.expect("wait");
+    let asked = std::time::Instant::now();
+    sidecar.signal("TERM");
+    let status = sidecar
+        .wait_exit(Duration::from_secs(10))
+        .expect("coord-proxy still running 10 s after SIGTERM");
+    eprintln!("coord-proxy: {status} {:?} after SIGTERM", asked.elapsed());
+    assert_eq!(status.code(), Some(0), "{status}");
 }
 
 /// Sends `bytes` on a fresh connection and expects the proxy to close it (EOF within the
@@ -157,104 +181,6 @@ async fn bad_input_closes_only_its_connection() {
     ping(&mut good, 8);
     let status = cluster.status(cluster.ids()[0]);
     assert!(status.is_some(), "the ensemble still answers");
-}
-
-/// A running `torchrun`: its stdout's lines arrive on a channel; killed with its process group
-/// when dropped.
-struct Launched {
-    proc: coord_tests::torch::Guarded,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Launched {
-    fn start(torch: &Torch, args: &[String]) -> Launched {
-        let mut cmd = torch.command("torchrun");
-        cmd.args(args);
-        let mut proc = coord_tests::torch::Guarded {
-            child: cmd.spawn().expect("start torchrun"),
-        };
-        let stdout = proc.child.stdout.take().expect("piped stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Launched {
-            proc,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (bounded) for a line starting with `prefix`.
-    fn wait_for(&mut self, prefix: &str, timeout: Duration) {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    let hit = l.starts_with(prefix);
-                    self.seen.push(l);
-                    if hit {
-                        return;
-                    }
-                }
-                Err(e) => panic!(
-                    "no {prefix:?} within {timeout:?} ({e}); output:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    /// Waits (bounded) for the exit; its code, with every line of output read.
-    fn finish(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = std::time::Instant::now() + timeout;
-        let code = loop {
-            if let Ok(Some(s)) = self.proc.child.try_wait() {
-                break s.code();
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "torchrun still running after {timeout:?}; output:\n{}",
-                self.seen.join("\n")
-            );
-            while let Ok(l) = self.lines.try_recv() {
-                self.seen.push(l);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        self.proc.kill();
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.seen.push(l);
-        }
-        code
-    }
-
-    /// Every step rank 0 printed, in order, and the result line.
-    fn steps_and_result(&self) -> (Vec<u64>, String) {
-        let steps = self
-            .seen
-            .iter()
-            .filter_map(|l| l.strip_prefix("step "))
-            .filter_map(|l| l.split(' ').next()?.parse().ok())
-            .collect();
-        let result = self
-            .seen
-            .iter()
-            .find_map(|l| l.strip_prefix("result "))
-            .unwrap_or_else(|| panic!("no result line in:\n{}", self.seen.join("\n")))
-            .to_string();
-        (steps, result)
-    }
 }
 
 fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {

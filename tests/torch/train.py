@@ -41,6 +41,6 @@ for step in range(args.steps):
 dist.barrier()
 if rank == 0:
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-    print(f"result {digest.hexdigest()} restarts {os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
-          flush=True)
+    print(f"result {digest.hexdigest()} restarts {os.environ.get('TORCHELASTIC_RESTART_COUNT')} "
+          f"world {world}", flush=True)
 dist.destroy_process_group()

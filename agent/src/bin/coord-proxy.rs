@@ -120,7 +120,7 @@ async fn run(cli: Cli) -> ExitCode {
         ));
     }
     if let Some(addr) = cli.tcpstore_listen {
-        let torch = match tokio::net::TcpListener::bind(addr).await {
+        let torch = match listen_for_ranks(addr) {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("coord-proxy: cannot listen on {addr} (--tcpstore-listen): {e}");
@@ -161,20 +161,70 @@ async fn run(cli: Cli) -> ExitCode {
         client.endpoints().join(",")
     );
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // SIGTERM is how Kubernetes (and systemd) stop a sidecar: stop accepting, let calls in flight
+    // finish for a moment, and exit 0. A long poll (a blocking get, a WAIT) is not waited for past
+    // the grace period: its client is going away with this pod anyway.
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        termination().await;
+        eprintln!("coord-proxy: stopping (signal)");
+        let _ = stopping.send(());
     };
-    match tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .add_service(service)
         .add_service(tf)
         .add_service(tfdata)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("coord-proxy: {e}");
-            ExitCode::FAILURE
+        .serve_with_incoming_shutdown(incoming, shutdown);
+    let grace = async {
+        if stopped.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
         }
+    };
+    tokio::select! {
+        served = server => match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("coord-proxy: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        () = grace => ExitCode::SUCCESS,
+    }
+}
+
+/// torch's store listener: every rank of a job may connect at the same moment (thousands), and
+/// tokio's default backlog of 1024 would drop the SYNs past it for a second's retransmit.
+fn listen_for_ranks(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    // The kernel caps it at net.core.somaxconn.
+    socket.listen(16 << 10)
+}
+
+/// How long calls in flight may take to finish after SIGTERM or SIGINT.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// SIGINT or SIGTERM, whichever comes first.
+async fn termination() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                eprintln!("coord-proxy: cannot watch SIGTERM ({e}); SIGINT still stops it");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
     }
 }

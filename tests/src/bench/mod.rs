@@ -5,7 +5,8 @@
 //! Each subcommand of coord-bench runs one module here: [`kv`], [`agent_failover`] (`failover`),
 //! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`], [`rolling`] (graceful rolling
 //! restarts against kill -9), [`tfdata`] (TensorFlow's own
-//! workers and reader on coord's and TF's dispatchers); [`failover_report`] prints a leader-kill
+//! workers and reader on coord's and TF's dispatchers), [`torch`] (torch's TCPStore through
+//! coord-proxy against torch's own store); [`failover_report`] prints a leader-kill
 //! measurement for `kv` and `failover` alike.
 
 pub mod agent_failover;
@@ -23,6 +24,7 @@ pub mod rendezvous;
 pub mod rolling;
 pub mod tasks;
 pub mod tfdata;
+pub mod torch;
 
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;

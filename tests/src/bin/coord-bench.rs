@@ -9,7 +9,7 @@
 //!
 //! This binary is only the command line: each subcommand runs a module of `coord_tests::bench`
 //! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`, `rolling`,
-//! `tfdata`).
+//! `tfdata`, `torch`).
 
 /// The clients of both systems allocate a lot per call; glibc's malloc took a fifth of the
 /// benchmark process's CPU, which the servers on this shared machine then lacked.
@@ -18,7 +18,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 use coord_tests::bench::{
-    agent_failover, chaos, crash, dispatcher, kv, rendezvous, rolling, tasks, tfdata,
+    agent_failover, chaos, crash, dispatcher, kv, rendezvous, rolling, tasks, tfdata, torch,
 };
 
 #[derive(Parser)]
@@ -58,6 +58,10 @@ enum Cmd {
     /// coord's tf.data dispatcher against TensorFlow's own, with TF's own workers and reader:
     /// DYNAMIC-sharding elements/s end to end, and the split gap when the dispatcher is killed.
     Tfdata(tfdata::Args),
+    /// torch's TCPStore through coord-proxy against torch's own store: call latency,
+    /// init_process_group's store traffic for thousands of ranks, torchrun's start to its first
+    /// step, and the stall a torch client sees across a leader kill.
+    Torch(torch::Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -137,6 +141,12 @@ async fn main() {
         }
         Cmd::Rendezvous(args) => {
             if let Err(e) = rendezvous::run(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Torch(args) => {
+            if let Err(e) = torch::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

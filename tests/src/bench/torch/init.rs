@@ -1,0 +1,80 @@
+//! The store traffic of `init_process_group` for N ranks at once, simulated on one tokio runtime
+//! with torch's wire ([`crate::tcpstore_client`]): every rank connects (VALIDATE and PING),
+//! rank 0 sets the master address, every rank ADDs itself to the join counter, the last to join
+//! sets the all-joined key, every rank WAITs for it and then GETs the master address (WAIT + GET,
+//! as torch's client does). The time from the first connect to the last rank done.
+
+use std::time::{Duration, Instant};
+
+use crate::tcpstore_client::StoreClient;
+
+/// How long a connect may keep being refused or dropped before the run fails (torch's own
+/// client retries for its whole timeout, 300 s by default).
+const CONNECT_FOR: Duration = Duration::from_secs(60);
+
+async fn connect(addr: &str) -> Result<StoreClient, String> {
+    let deadline = Instant::now() + CONNECT_FOR;
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        match StoreClient::connect(addr).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(format!("connect {addr}: {e}")),
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+async fn rank(addr: String, rank: usize, world: usize, tag: String) -> Result<StoreClient, String> {
+    let mut c = connect(&addr).await?;
+    let io = |e: std::io::Error| format!("rank {rank} on {addr}: {e}");
+    let master = format!("/{tag}/MASTER_ADDR").into_bytes();
+    let joined = format!("/{tag}/all_joined").into_bytes();
+    if rank == 0 {
+        c.set(&master, b"10.0.0.1:29500").await.map_err(io)?;
+    }
+    let n = c
+        .add(format!("/{tag}/init").as_bytes(), 1)
+        .await
+        .map_err(io)?;
+    if n == world as i64 {
+        c.set(&joined, b"1").await.map_err(io)?;
+    }
+    c.wait(&[&joined]).await.map_err(io)?;
+    let m = c.get(&master).await.map_err(io)?;
+    if m != b"10.0.0.1:29500" {
+        return Err(format!("rank {rank} read the master address {m:?}"));
+    }
+    Ok(c)
+}
+
+/// Runs `world` simulated ranks against the store at `addr` (keys under `/{tag}`); the time until
+/// every one of them is done, or why not (a deadline of `timeout` in all).
+pub async fn init_ranks(
+    addr: &str,
+    world: usize,
+    tag: &str,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut ranks = tokio::task::JoinSet::new();
+    for r in 0..world {
+        ranks.spawn(rank(addr.to_string(), r, world, tag.to_string()));
+    }
+    // The connections stay open until every rank is done, as in a job.
+    let mut done = Vec::with_capacity(world);
+    let all = async {
+        while let Some(r) = ranks.join_next().await {
+            done.push(r.map_err(|e| e.to_string())??);
+        }
+        Ok::<(), String>(())
+    };
+    tokio::time::timeout(timeout, all)
+        .await
+        .map_err(|_| format!("{world} ranks on {addr}: not all done within {timeout:?}"))??;
+    let took = start.elapsed();
+    drop(done);
+    Ok(took)
+}

@@ -1,0 +1,206 @@
+//! `coord-bench torch`: torch's TCPStore served by coord-proxy over a 3-replica ensemble, against
+//! torch's own store (the libuv server, from the venv's torch 2.15.0), in the same run.
+//!
+//! - **Calls**: the p50 latency of SET, GET, ADD, COMPARE_SET and a WAIT released by another
+//!   client's SET, one call at a time on one connection, with the same client for both
+//!   ([`calls`]).
+//! - **init_process_group for N ranks**: the store traffic of N ranks starting at once (connect,
+//!   master address, join counter, WAIT, GET), simulated on one runtime ([`init`]); the time
+//!   until every rank is done. The systems alternate round after round; medians.
+//! - **torchrun 1 × 2**: from torchrun's start to rank 0's first training step, its c10d
+//!   rendezvous on either store (a store it does not host, `is_host=false`); medians.
+//! - **Leader kill -9**: the longest call a real torch client (ADD back to back, one connection)
+//!   sees while the leader is killed; median over kills ([`runs`]).
+//!
+//! Every process runs on this machine (two cores here): the ensemble, coord-proxy, torch's store
+//! and the clients share them.
+
+mod calls;
+mod init;
+mod runs;
+
+use std::time::Duration;
+
+use crate::torch::{StoreSidecar, Torch};
+use crate::{Cluster, ClusterOptions};
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Calls of each kind in the latency rows.
+    #[arg(long, default_value_t = 2000)]
+    pub samples: usize,
+    /// Simulated ranks of the init_process_group rows (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [256, 4096])]
+    pub ranks: Vec<usize>,
+    /// Rounds of the init_process_group and torchrun rows (the systems alternate; medians).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Leader kills under a torch client.
+    #[arg(long, default_value_t = 5)]
+    pub kills: usize,
+    /// How long one init_process_group round may take before it counts as not done.
+    #[arg(long, default_value_t = 120)]
+    pub init_timeout_secs: u64,
+}
+
+fn median(v: &[Duration]) -> Duration {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or_default()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3} s", d.as_secs_f64())
+}
+
+fn ratio(coord: Duration, torch: Duration) -> String {
+    if torch.is_zero() {
+        return "–".into();
+    }
+    format!("{:.2}×", coord.as_secs_f64() / torch.as_secs_f64())
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "yes"
+    } else {
+        "**no**"
+    }
+}
+
+/// Runs `coord-bench torch` and prints its tables.
+pub async fn run(args: Args) -> Result<(), String> {
+    let torch = Torch::get().map_err(|why| format!("coord-bench torch needs torch: {why}"))?;
+    let own = runs::OwnStore::start(&torch)?;
+    let mut cluster = Cluster::start(ClusterOptions {
+        extra_args: vec!["--worker-threads".into(), "1".into()],
+        log_filter: "warn".into(),
+        ..ClusterOptions::default()
+    });
+    cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let sidecar = StoreSidecar::start(&cluster.endpoints());
+    let targets = [
+        ("torch", own.addr.as_str()),
+        ("coord", sidecar.store.as_str()),
+    ];
+    eprintln!(
+        "coord-bench torch: torch's store on {}, coord-proxy on {}",
+        own.addr, sidecar.store
+    );
+
+    // Calls, one at a time.
+    let mut lat = Vec::new();
+    for (name, addr) in targets {
+        eprintln!("  {} calls of each kind on {name}'s store", args.samples);
+        lat.push(calls::measure(addr, args.samples, &format!("calls-{name}")).await?);
+    }
+    println!("\n| store call, one connection, one at a time | torch p50 | coord p50 | coord / torch | torch p99 | coord p99 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (i, call) in calls::CALLS.iter().enumerate() {
+        let (t, c) = (&lat[0][i], &lat[1][i]);
+        let p = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+        println!(
+            "| {call} | {} | {} | {} | {} | {} |",
+            ms(p(t, 0.5)),
+            ms(p(c, 0.5)),
+            ratio(p(c, 0.5), p(t, 0.5)),
+            ms(p(t, 0.99)),
+            ms(p(c, 0.99)),
+        );
+    }
+
+    // torchrun's rendezvous to its first step.
+    let mut first = [Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        for (i, (name, addr)) in targets.iter().enumerate() {
+            let took = runs::first_step(&torch, addr, &format!("first-{name}-{round}"))?;
+            eprintln!(
+                "  torchrun 1 × 2 on {name}'s store, round {round}: first step after {}",
+                secs(took)
+            );
+            first[i].push(took);
+        }
+    }
+    let (first_t, first_c) = (median(&first[0]), median(&first[1]));
+
+    // Leader kills under a torch client.
+    let stalls = runs::stalls(&torch, &mut cluster, &sidecar.store, args.kills).await?;
+    let stall = median(&stalls);
+    let worst = stalls.iter().max().copied().unwrap_or_default();
+
+    // Last: a burst of thousands of connections leaves torch's own store busy for minutes.
+    // init_process_group's store traffic.
+    let mut init_rows = Vec::new();
+    for &n in &args.ranks {
+        let mut times = [Vec::new(), Vec::new()];
+        let limit = Duration::from_secs(args.init_timeout_secs);
+        for round in 0..args.rounds {
+            for (i, (name, addr)) in targets.iter().enumerate() {
+                let tag = format!("init-{n}-{round}");
+                // A round past the limit counts as the limit (the row then says "over").
+                let took = match init::init_ranks(addr, n, &tag, limit).await {
+                    Ok(took) => took,
+                    Err(e) => {
+                        eprintln!("  {n} ranks on {name}'s store, round {round}: {e}");
+                        limit
+                    }
+                };
+                eprintln!(
+                    "  {n} ranks on {name}'s store, round {round}: {}",
+                    secs(took)
+                );
+                times[i].push(took);
+            }
+        }
+        init_rows.push((n, median(&times[0]), median(&times[1]), limit));
+    }
+
+    println!(
+        "\n| torch on its store (median of {} rounds; kills: median of {}) | torch's store | coord | coord / torch | target | met |",
+        args.rounds, args.kills
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (n, t, c, limit) in &init_rows {
+        let (target, ok) = match n {
+            4096 => (
+                "≤ 2×",
+                met(c.as_secs_f64() <= 2.0 * t.as_secs_f64() && c < limit),
+            ),
+            _ => ("", ""),
+        };
+        let shown = |d: &Duration| match d >= limit {
+            true => format!("over {}", secs(*limit)),
+            false => secs(*d),
+        };
+        let x = match t >= limit {
+            true => format!("under {}", ratio(*c, *t)),
+            false => ratio(*c, *t),
+        };
+        println!(
+            "| init_process_group's store traffic, {n} ranks at once: all done | {} | {} | {x} | {target} | {ok} |",
+            shown(t),
+            shown(c),
+        );
+    }
+    println!(
+        "| torchrun 1 × 2, c10d: start to first step | {} | {} | {} | ≤ 1.2× | {} |",
+        secs(first_t),
+        secs(first_c),
+        ratio(first_c, first_t),
+        met(first_c.as_secs_f64() <= 1.2 * first_t.as_secs_f64())
+    );
+    println!(
+        "| leader kill -9: longest call of a torch client (worst of {}: {}) | dies with its host | {} | | ≤ 1 s | {} |",
+        stalls.len(),
+        secs(worst),
+        secs(stall),
+        met(stall <= Duration::from_secs(1))
+    );
+    Ok(())
+}

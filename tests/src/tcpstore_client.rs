@@ -1,0 +1,160 @@
+//! A client of torch's TCPStore wire, sending what torch 2.15's C++ client sends, byte for byte
+//! (`agent/src/proxy/tcpstore/codec.rs` has the frames and the reference in `docs/`): for
+//! coord-bench, which simulates thousands of ranks on one tokio runtime, and measures torch's own
+//! store and coord-proxy with the same client.
+//!
+//! Like torch's, a client is one TCP connection with one request in flight; a GET is a WAIT for
+//! the key and then the GET, as torch's `TCPStore::get` does. Keys are sent as given (torch's
+//! client prefixes them with `/`; so should the caller).
+
+use coord_agent::proxy::tcpstore::codec::{query, MAGIC, STOP_WAITING};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+pub struct StoreClient {
+    rd: BufReader<OwnedReadHalf>,
+    wr: OwnedWriteHalf,
+}
+
+/// A request being written.
+#[derive(Default)]
+struct Frame(Vec<u8>);
+
+impl Frame {
+    fn op(op: u8) -> Self {
+        Self(vec![op])
+    }
+
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    fn i64(mut self, v: i64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    fn bytes(self, v: &[u8]) -> Self {
+        let mut f = self.u64(v.len() as u64);
+        f.0.extend_from_slice(v);
+        f
+    }
+}
+
+fn unexpected(what: &str, got: u8) -> std::io::Error {
+    std::io::Error::other(format!("{what}: unexpected reply byte {got}"))
+}
+
+impl StoreClient {
+    /// Connects and shakes hands as torch does: VALIDATE with the magic number and a PING with a
+    /// nonce, in one segment, then the echo.
+    pub async fn connect(addr: &str) -> std::io::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (rd, wr) = stream.into_split();
+        let mut c = Self {
+            rd: BufReader::new(rd),
+            wr,
+        };
+        let nonce = std::process::id();
+        let mut hello = Frame::op(query::VALIDATE).u32(MAGIC).0;
+        hello.extend(Frame::op(query::PING).u32(nonce).0);
+        c.wr.write_all(&hello).await?;
+        let echo = c.rd.read_u32_le().await?;
+        if echo != nonce {
+            return Err(std::io::Error::other(format!(
+                "PING echoed {echo}, not {nonce}"
+            )));
+        }
+        Ok(c)
+    }
+
+    async fn send(&mut self, f: Frame) -> std::io::Result<()> {
+        self.wr.write_all(&f.0).await
+    }
+
+    async fn read_bytes(&mut self) -> std::io::Result<Vec<u8>> {
+        let len = self.rd.read_u64_le().await?;
+        if len > coord_agent::proxy::tcpstore::codec::MAX_VALUE_BYTES {
+            return Err(std::io::Error::other(format!("a value of {len} bytes")));
+        }
+        let mut v = vec![0; len as usize];
+        self.rd.read_exact(&mut v).await?;
+        Ok(v)
+    }
+
+    /// PING with this process's id as the nonce; the echo.
+    pub async fn ping(&mut self) -> std::io::Result<()> {
+        let nonce = std::process::id();
+        self.send(Frame::op(query::PING).u32(nonce)).await?;
+        match self.rd.read_u32_le().await? {
+            echo if echo == nonce => Ok(()),
+            echo => Err(std::io::Error::other(format!(
+                "PING echoed {echo}, not {nonce}"
+            ))),
+        }
+    }
+
+    pub async fn set(&mut self, key: &[u8], value: &[u8]) -> std::io::Result<()> {
+        self.send(Frame::op(query::SET).bytes(key).bytes(value))
+            .await
+    }
+
+    /// torch's `get`: a WAIT for the key, then the GET.
+    pub async fn get(&mut self, key: &[u8]) -> std::io::Result<Vec<u8>> {
+        self.wait(&[key]).await?;
+        self.send(Frame::op(query::GET).bytes(key)).await?;
+        self.read_bytes().await
+    }
+
+    pub async fn add(&mut self, key: &[u8], delta: i64) -> std::io::Result<i64> {
+        self.send(Frame::op(query::ADD).bytes(key).i64(delta))
+            .await?;
+        self.rd.read_i64_le().await
+    }
+
+    /// COMPARE_SET; the value after the call.
+    pub async fn compare_set(
+        &mut self,
+        key: &[u8],
+        expected: &[u8],
+        desired: &[u8],
+    ) -> std::io::Result<Vec<u8>> {
+        let f = Frame::op(query::COMPARE_SET)
+            .bytes(key)
+            .bytes(expected)
+            .bytes(desired);
+        self.send(f).await?;
+        self.read_bytes().await
+    }
+
+    /// Sends a WAIT for `keys` without reading its answer (see [`Self::waited`]).
+    pub async fn start_wait(&mut self, keys: &[&[u8]]) -> std::io::Result<()> {
+        let mut f = Frame::op(query::WAIT).u64(keys.len() as u64);
+        for k in keys {
+            f = f.bytes(k);
+        }
+        self.send(f).await
+    }
+
+    /// The STOP_WAITING that ends a WAIT sent by [`Self::start_wait`].
+    pub async fn waited(&mut self) -> std::io::Result<()> {
+        match self.rd.read_u8().await? {
+            STOP_WAITING => Ok(()),
+            other => Err(unexpected("WAIT", other)),
+        }
+    }
+
+    /// WAIT until every key exists (no timeout: the caller bounds it).
+    pub async fn wait(&mut self, keys: &[&[u8]]) -> std::io::Result<()> {
+        self.start_wait(keys).await?;
+        self.waited().await
+    }
+}
