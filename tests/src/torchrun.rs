@@ -9,6 +9,42 @@ use std::time::{Duration, Instant};
 
 use crate::torch::{Guarded, Torch};
 
+/// What one torchrun node is started with: its shape, its c10d rendezvous on the store at
+/// `endpoint` (`--rdzv-conf` `conf`, e.g. `is_host=false`), torchrun's `extra` flags, and the
+/// training script (`tests/torch/train.py`) for `steps` steps.
+pub struct NodeArgs<'a> {
+    /// `--nnodes`, e.g. `1` or `2:3`.
+    pub nnodes: &'a str,
+    pub nproc_per_node: u32,
+    pub endpoint: &'a str,
+    pub run_id: &'a str,
+    pub conf: &'a str,
+    pub extra: &'a [&'a str],
+    pub steps: u64,
+}
+
+impl NodeArgs<'_> {
+    /// torchrun's command line (monitoring every 0.5 s, so that a dead worker is seen at once).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--nnodes={}", self.nnodes),
+            format!("--nproc-per-node={}", self.nproc_per_node),
+            "--rdzv-backend=c10d".into(),
+            format!("--rdzv-endpoint={}", self.endpoint),
+            format!("--rdzv-id={}", self.run_id),
+            format!("--rdzv-conf={}", self.conf),
+            "--monitor-interval=0.5".into(),
+        ];
+        args.extend(self.extra.iter().map(|s| s.to_string()));
+        args.extend([
+            Torch::script("train.py").display().to_string(),
+            "--steps".into(),
+            self.steps.to_string(),
+        ]);
+        args
+    }
+}
+
 /// A started process (in a process group of its own: torchrun, its workers and their helpers),
 /// killed with its group when dropped.
 pub struct Launched {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use coord_tests::cluster::free_ports;
 use coord_tests::tcpstore_client::StoreClient;
 use coord_tests::torch::{StoreSidecar, Torch};
-use coord_tests::torchrun::Launched;
+use coord_tests::torchrun::{Launched, NodeArgs};
 use coord_tests::{Cluster, ClusterOptions};
 use serde_json::Value;
 
@@ -184,24 +184,16 @@ async fn bad_input_closes_only_its_connection() {
 }
 
 fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {
-    [
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        &format!("--rdzv-endpoint={store}"),
-        &format!("--rdzv-id={run_id}"),
-        "--rdzv-conf=is_host=false",
-        "--max-restarts=3",
-        "--monitor-interval=0.5",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        Torch::script("train.py").display().to_string(),
-        "--steps".into(),
-        steps.to_string(),
-    ])
-    .collect()
+    NodeArgs {
+        nnodes: "1",
+        nproc_per_node: 2,
+        endpoint: store,
+        run_id,
+        conf: "is_host=false",
+        extra: &["--max-restarts=3"],
+        steps,
+    }
+    .to_args()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use coord_tests::cluster::free_ports;
 use coord_tests::torch::{StoreSidecar, Torch};
-use coord_tests::torchrun::Launched;
+use coord_tests::torchrun::{Launched, NodeArgs};
 use coord_tests::{Cluster, ClusterOptions};
 
 fn torch_or_skip(test: &str) -> Option<Torch> {
@@ -38,26 +38,17 @@ fn node_args(endpoint: &str, run_id: &str, is_host: bool) -> Vec<String> {
         "is_host={is_host},join_timeout=120,last_call_timeout=1,close_timeout=10,\
          keep_alive_interval=1,keep_alive_max_attempt=3"
     );
-    [
-        "--nnodes=2:3",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        &format!("--rdzv-endpoint={endpoint}"),
-        &format!("--rdzv-id={run_id}"),
-        &format!("--rdzv-conf={conf}"),
-        "--max-restarts=3",
-        "--monitor-interval=0.5",
+    NodeArgs {
+        nnodes: "2:3",
+        nproc_per_node: 1,
+        endpoint,
+        run_id,
+        conf: &conf,
         // Agents' stores and MASTER_ADDR on loopback, whatever the host's name resolves to.
-        "--local-addr=127.0.0.1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        Torch::script("train.py").display().to_string(),
-        "--steps".into(),
-        STEPS.to_string(),
-    ])
-    .collect()
+        extra: &["--max-restarts=3", "--local-addr=127.0.0.1"],
+        steps: STEPS,
+    }
+    .to_args()
 }
 
 /// Waits (bounded) until one of `nodes` printed a line starting with `prefix`; that node's

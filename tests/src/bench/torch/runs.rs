@@ -7,7 +7,7 @@ use crate::bench::coord_target::CoordEnsemble;
 use crate::bench::Ensemble;
 use crate::cluster::{free_ports, Cluster};
 use crate::torch::Torch;
-use crate::torchrun::Launched;
+use crate::torchrun::{Launched, NodeArgs};
 
 /// torch's own TCPStore server (libuv), standing alone; killed when dropped.
 pub struct OwnStore {
@@ -33,23 +33,16 @@ impl OwnStore {
 /// not host): the time from its start to rank 0's first training step. It then runs to its end
 /// (3 steps), which must be exit 0.
 pub fn first_step(torch: &Torch, endpoint: &str, run_id: &str) -> Result<Duration, String> {
-    let args: Vec<String> = [
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        &format!("--rdzv-endpoint={endpoint}"),
-        &format!("--rdzv-id={run_id}"),
-        "--rdzv-conf=is_host=false",
-        "--monitor-interval=0.5",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        Torch::script("train.py").display().to_string(),
-        "--steps".into(),
-        "3".into(),
-    ])
-    .collect();
+    let args = NodeArgs {
+        nnodes: "1",
+        nproc_per_node: 2,
+        endpoint,
+        run_id,
+        conf: "is_host=false",
+        extra: &[],
+        steps: 3,
+    }
+    .to_args();
     let start = Instant::now();
     let mut run = Launched::start(torch, &args);
     run.try_wait_for("step 0 ", Duration::from_secs(120))?;
