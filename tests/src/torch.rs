@@ -22,6 +22,18 @@ pub struct Torch {
 }
 
 impl Torch {
+    /// The venv for `test`, or `None` with the reason printed (`SKIPPED test: why`) where it
+    /// cannot be had here.
+    pub fn or_skip(test: &str) -> Option<Torch> {
+        match Torch::get() {
+            Ok(t) => Some(t),
+            Err(why) => {
+                eprintln!("SKIPPED {test}: {why}");
+                None
+            }
+        }
+    }
+
     /// The venv with torch, made if needed; `Err` says why it cannot be had here.
     pub fn get() -> Result<Torch, String> {
         let python = VenvSpec {

@@ -18,16 +18,6 @@ use coord_tests::torchrun::{Launched, NodeArgs};
 use coord_tests::{Cluster, ClusterOptions};
 use serde_json::Value;
 
-fn torch_or_skip(test: &str) -> Option<Torch> {
-    match Torch::get() {
-        Ok(t) => Some(t),
-        Err(why) => {
-            eprintln!("SKIPPED {test}: {why}");
-            None
-        }
-    }
-}
-
 fn steps(out: &str) -> Vec<Value> {
     out.lines()
         .filter(|l| l.starts_with('{'))
@@ -37,7 +27,7 @@ fn steps(out: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torch_gets_the_answers_of_its_own_store() {
-    let Some(torch) = torch_or_skip("torch_gets_the_answers_of_its_own_store") else {
+    let Some(torch) = Torch::or_skip("torch_gets_the_answers_of_its_own_store") else {
         return;
     };
     let port = free_ports(1)[0];
@@ -198,7 +188,7 @@ fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torchrun_trains_through_two_leader_kills() {
-    let Some(torch) = torch_or_skip("torchrun_trains_through_two_leader_kills") else {
+    let Some(torch) = Torch::or_skip("torchrun_trains_through_two_leader_kills") else {
         return;
     };
     const STEPS: u64 = 300;

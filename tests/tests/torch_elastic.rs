@@ -16,16 +16,6 @@ use coord_tests::torch::{StoreSidecar, Torch};
 use coord_tests::torchrun::{Launched, NodeArgs};
 use coord_tests::{Cluster, ClusterOptions};
 
-fn torch_or_skip(test: &str) -> Option<Torch> {
-    match Torch::get() {
-        Ok(t) => Some(t),
-        Err(why) => {
-            eprintln!("SKIPPED {test}: {why}");
-            None
-        }
-    }
-}
-
 /// Steps of each elastic run; the first node is killed at [`KILL_AT`].
 const STEPS: u64 = 120;
 const KILL_AT: u64 = 20;
@@ -94,7 +84,7 @@ fn start_nodes(torch: &Torch, endpoints: [(&str, bool); 3], run_id: &str) -> Vec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elastic_job_survives_losing_the_first_node() {
-    let Some(torch) = torch_or_skip("elastic_job_survives_losing_the_first_node") else {
+    let Some(torch) = Torch::or_skip("elastic_job_survives_losing_the_first_node") else {
         return;
     };
     let mut cluster = Cluster::start(ClusterOptions::default());
@@ -206,7 +196,7 @@ async fn elastic_job_survives_losing_the_first_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_process_group_on_the_ensemble_through_a_leader_kill() {
-    let Some(torch) = torch_or_skip("init_process_group_on_the_ensemble_through_a_leader_kill")
+    let Some(torch) = Torch::or_skip("init_process_group_on_the_ensemble_through_a_leader_kill")
     else {
         return;
     };
