@@ -71,7 +71,13 @@ impl Torch {
     /// A command running the venv's `program` (`python`, `torchrun`) in a process group of its
     /// own, unbuffered, stdout piped.
     pub fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new(self.bin().join(program));
+        self.command_under(Command::new(self.bin().join(program)))
+    }
+
+    /// `launcher` (a command that runs one of the venv's programs, `self.bin()`, in some
+    /// environment of its own) with the environment and output of [`Torch::command`].
+    pub fn command_under(&self, launcher: Command) -> Command {
+        let mut cmd = launcher;
         cmd.env("PYTHONUNBUFFERED", "1")
             // Gloo on loopback, no GPU probing noise.
             .env("GLOO_SOCKET_IFNAME", "lo")

@@ -37,6 +37,11 @@ async fn seeded_fault_schedules_keep_every_guarantee() {
             "barriers passed: {}",
             report.summary()
         );
+        assert!(
+            report.raw_ops > 50,
+            "the raw-key (torch store) clients got work done: {}",
+            report.summary()
+        );
     }
 }
 

@@ -30,6 +30,7 @@ pub struct Args {
 pub async fn run(args: Args) -> bool {
     let started = std::time::Instant::now();
     let (mut clean, mut ops, mut unknown, mut faults) = (0u64, 0usize, 0usize, 0usize);
+    let mut raw_ops = 0;
     let mut failed = Vec::new();
     let mut longest = Duration::ZERO;
     for i in 0..args.runs {
@@ -44,6 +45,7 @@ pub async fn run(args: Args) -> bool {
             println!("  anomaly: {a}");
         }
         ops += report.kv_ops;
+        raw_ops += report.raw_ops;
         unknown += report.kv_unknown;
         longest = longest.max(report.longest_after_heal);
         faults += report.faults;
@@ -57,7 +59,7 @@ pub async fn run(args: Args) -> bool {
         }
     }
     println!(
-        "chaos: {clean} clean runs of {} s, {} with anomalies (seeds {failed:?}); {faults} faults, {ops} kv operations checked ({unknown} unknown); longest call after a run's last heal {:.3} s (bound {:.1} s); {:.0} s",
+        "chaos: {clean} clean runs of {} s, {} with anomalies (seeds {failed:?}); {faults} faults, {ops} kv operations checked ({unknown} unknown), {raw_ops} other raw-key operations; longest call after a run's last heal {:.3} s (bound {:.1} s); {:.0} s",
         args.seconds,
         failed.len(),
         longest.as_secs_f64(),

@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::linearize::{check, Entry, KvOp, KvRet, Model, Register, Verdict};
+use super::raw::{self, RawFinal, RawRecord};
 use super::recovery::CallTiming;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -65,6 +66,9 @@ pub struct History {
     pub kv: Mutex<Vec<KvRecord>>,
     pub barriers: Mutex<Vec<BarrierRecord>>,
     pub registrations: Mutex<Vec<RegRecord>>,
+    /// The raw-key (torch store) operations, and what the raw keys held at the end.
+    pub raw: Mutex<Vec<RawRecord>>,
+    pub raw_final: Mutex<Option<RawFinal>>,
     /// Every call of every client, reads that failed included (see `recovery`).
     pub calls: Mutex<Vec<CallTiming>>,
 }
@@ -76,6 +80,8 @@ impl Default for History {
             kv: Mutex::default(),
             barriers: Mutex::default(),
             registrations: Mutex::default(),
+            raw: Mutex::default(),
+            raw_final: Mutex::default(),
             calls: Mutex::default(),
         }
     }
@@ -102,6 +108,17 @@ impl History {
         push(&self.registrations, r);
     }
 
+    pub fn record_raw(&self, r: RawRecord) {
+        push(&self.raw, r);
+    }
+
+    pub fn set_raw_final(&self, end: RawFinal) {
+        *self
+            .raw_final
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(end);
+    }
+
     /// Records that a call made at `invoke_us` returned now.
     pub fn record_call(&self, what: String, invoke_us: u64, answered: bool) {
         let returned_us = self.now_us();
@@ -123,6 +140,8 @@ impl History {
             kv: &'a [KvRecord],
             barriers: &'a [BarrierRecord],
             registrations: &'a [RegRecord],
+            raw: &'a [RawRecord],
+            raw_final: &'a Option<RawFinal>,
             calls: &'a [CallTiming],
         }
         let kv = self.kv.lock().unwrap_or_else(PoisonError::into_inner);
@@ -131,11 +150,18 @@ impl History {
             .registrations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let raw = self.raw.lock().unwrap_or_else(PoisonError::into_inner);
+        let raw_final = self
+            .raw_final
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         serde_json::to_string_pretty(&Dump {
             kv: &kv,
             barriers: &barriers,
             registrations: &registrations,
+            raw: &raw,
+            raw_final: &raw_final,
             calls: &calls,
         })
         .unwrap_or_default()
@@ -162,7 +188,17 @@ impl History {
                 .unwrap_or_else(PoisonError::into_inner),
             budget,
         ));
-        (anomalies, checked)
+        let raw = self.raw.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(end) = &*self
+            .raw_final
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            anomalies.extend(raw::check(&raw, end));
+        } else if !raw.is_empty() {
+            anomalies.push("the raw keys were not read at the end of the run".into());
+        }
+        (anomalies, checked + raw.len())
     }
 }
 

@@ -128,6 +128,12 @@ pub enum KvOp {
     Get,
     Increment(i64),
     Delete,
+    /// torch's COMPARE_SET: `desired` if the value is `expected` (a missing key matches an empty
+    /// `expected`); answers the value after the call, or `expected` for a missing key.
+    CompareSet {
+        expected: String,
+        desired: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -161,6 +167,16 @@ impl Model for Register {
                 (Register(Some(n.to_string())), KvRet::Number(n))
             }
             KvOp::Delete => (Register(None), KvRet::Ok),
+            KvOp::CompareSet { expected, desired } => match &self.0 {
+                Some(v) if v != expected => (self.clone(), KvRet::Value(Some(v.clone()))),
+                None if !expected.is_empty() => {
+                    (self.clone(), KvRet::Value(Some(expected.clone())))
+                }
+                _ => (
+                    Register(Some(desired.clone())),
+                    KvRet::Value(Some(desired.clone())),
+                ),
+            },
         }
     }
 }
@@ -282,6 +298,40 @@ mod tests {
             e(KvOp::Insert("a".into()), Some(KvRet::Ok), 0, Some(10)),
             e(KvOp::Insert("b".into()), Some(KvRet::Ok), 20, Some(30)),
         ];
+        assert!(matches!(
+            check(Register::default(), &h, 100_000),
+            Verdict::NotLinearizable { .. }
+        ));
+    }
+
+    #[test]
+    fn compare_set_follows_torch() {
+        let cas = |expected: &str, desired: &str, ret: &str, invoke, complete| {
+            e(
+                KvOp::CompareSet {
+                    expected: expected.into(),
+                    desired: desired.into(),
+                },
+                Some(KvRet::Value(Some(ret.into()))),
+                invoke,
+                Some(complete),
+            )
+        };
+        let h = vec![
+            // A missing key answers a non-empty `expected` and stays missing.
+            cas("x", "a", "x", 0, 10),
+            get(None, 20, 30),
+            // An empty `expected` matches a missing key.
+            cas("", "a", "a", 40, 50),
+            cas("z", "b", "a", 60, 70),
+            cas("a", "b", "b", 80, 90),
+        ];
+        assert_eq!(
+            check(Register::default(), &h, 100_000),
+            Verdict::Linearizable
+        );
+        // A compare-and-set that succeeded twice in a row on the same expected value.
+        let h = vec![cas("", "a", "a", 0, 10), cas("", "b", "b", 20, 30)];
         assert!(matches!(
             check(Register::default(), &h, 100_000),
             Verdict::NotLinearizable { .. }

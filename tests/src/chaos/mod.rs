@@ -4,7 +4,10 @@
 //! - [`netproxy`]: cuts links between replicas, per direction.
 //! - [`schedule`]: seeded fault schedules (a schedule is a function of its seed).
 //! - [`workload`]: the clients, which record every call.
+//! - [`raw_clients`]: the workload's raw-key clients (torch's store operations, as coord-proxy
+//!   calls them).
 //! - [`linearize`]: the linearizability checker and the key-value model.
+//! - [`raw`]: the raw-key (torch store) operations recorded, and the exactly-once checks.
 //! - [`history`]: what the clients recorded, and the checks run on it.
 //! - [`recovery`]: once the faults have healed, every call completes within a bound.
 //! - [`runner`]: one run: ensemble, workload, faults, healing, final reads, checks, and the
@@ -23,6 +26,8 @@ pub mod crash;
 pub mod history;
 pub mod linearize;
 pub mod netproxy;
+pub mod raw;
+pub mod raw_clients;
 pub mod recovery;
 pub mod runner;
 pub mod schedule;
@@ -54,5 +59,12 @@ impl Endpoints {
         o.unavailable_after = unavailable_after;
         o.tls = self.tls.clone();
         CoordClient::new(o).expect("client")
+    }
+}
+
+/// Resolves once a run is stopping (`stop` set).
+pub(crate) async fn stopped(stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

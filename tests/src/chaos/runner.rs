@@ -55,6 +55,8 @@ pub struct RunReport {
     pub kv_unknown: usize,
     pub barrier_passes: usize,
     pub registrations: usize,
+    /// Raw-key (torch store) operations other than ADD, COMPARE_SET and GET, which count as kv ops.
+    pub raw_ops: usize,
     /// The highest Raft term at the end (how many elections the faults caused, roughly).
     pub final_term: u64,
     pub anomalies: Vec<String>,
@@ -71,13 +73,14 @@ pub struct RunReport {
 impl RunReport {
     pub fn summary(&self) -> String {
         format!(
-            "seed {}: {} faults, {} kv ops ({} unknown), {} barrier passes, {} registrations, term {}, longest call after the last heal {:.3}s ({}), checked in {:.1?}, {} anomalies{}",
+            "seed {}: {} faults, {} kv ops ({} unknown), {} barrier passes, {} registrations, {} raw ops, term {}, longest call after the last heal {:.3}s ({}), checked in {:.1?}, {} anomalies{}",
             self.seed,
             self.faults,
             self.kv_ops,
             self.kv_unknown,
             self.barrier_passes,
             self.registrations,
+            self.raw_ops,
             self.final_term,
             self.longest_after_heal.as_secs_f64(),
             self.longest_call,
@@ -270,7 +273,7 @@ pub async fn run(options: &RunOptions) -> RunReport {
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let target = super::Endpoints::of(&cluster, options.tls);
     let history = Arc::new(History::default());
-    let load = workload::start(&target, history.clone(), options.seed, &options.workload);
+    let mut load = workload::start(&target, history.clone(), options.seed, &options.workload);
 
     let mut anomalies = Vec::new();
     let mut faults = Faults {
@@ -329,6 +332,7 @@ pub async fn run(options: &RunOptions) -> RunReport {
         recovery::check(&calls, healed_us, stopping_us, recovery::BOUND)
     };
     anomalies.extend(recovered.anomalies);
+    anomalies.extend(super::raw_clients::finish(&target, &history, &load.raw).await);
 
     // Read every key at the end: an acknowledged write that was lost makes the key's history
     // non-linearizable.
@@ -392,6 +396,7 @@ pub async fn run(options: &RunOptions) -> RunReport {
             .filter(|b| b.outcome == Some(Ok(())))
             .count(),
         registrations,
+        raw_ops: history.raw.lock().map(|r| r.len()).unwrap_or_default(),
         final_term,
         anomalies,
         saved: None,

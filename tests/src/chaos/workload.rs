@@ -7,7 +7,8 @@
 //! - barrier tasks: every task of job `b` passes barrier `chaos` again and again, each instance
 //!   with the next counter;
 //! - a registration client: task `reg/0` registers, restarts with a new incarnation (refused),
-//!   resets and registers again.
+//!   resets and registers again;
+//! - raw-key clients: torch's store operations (`raw_clients`).
 //!
 //! A mutation that fails without an answer from the service has an unknown outcome; a read that
 //! fails tells nothing and is not recorded.
@@ -18,7 +19,8 @@ use std::time::Duration;
 
 use coord_agent::CoordClient;
 
-use super::Endpoints;
+use super::raw_clients::{self, RawClients};
+use super::{stopped, Endpoints};
 use coord_proto::tensorflow as tf;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -38,6 +40,8 @@ pub struct WorkloadOptions {
     /// Tasks of job `b` that pass barriers (0 = no barrier traffic).
     pub barrier_tasks: i32,
     pub registrations: bool,
+    /// Clients of the raw keys (torch's store operations; 0 = none).
+    pub raw_clients: usize,
     /// A call fails only after no replica could serve it for this long.
     pub unavailable_after: Duration,
 }
@@ -50,6 +54,7 @@ impl Default for WorkloadOptions {
             counters: 1,
             barrier_tasks: 3,
             registrations: true,
+            raw_clients: 3,
             unavailable_after: Duration::from_secs(20),
         }
     }
@@ -58,14 +63,18 @@ impl Default for WorkloadOptions {
 pub struct Workload {
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<()>>,
+    /// The raw-key clients, whose final state is read once they stopped.
+    pub raw: RawClients,
 }
 
 impl Workload {
     /// Stops the clients and waits for their calls in flight (up to `grace`, then abandons them;
     /// an abandoned call stays recorded as unknown). Returns whether every client stopped.
-    pub async fn stop(self, grace: Duration) -> bool {
+    pub async fn stop(&mut self, grace: Duration) -> bool {
         self.stop.store(true, Ordering::Relaxed);
-        let all = futures::future::join_all(self.handles);
+        let mut handles = std::mem::take(&mut self.handles);
+        handles.extend(self.raw.handles());
+        let all = futures::future::join_all(handles);
         tokio::time::timeout(grace, all).await.is_ok()
     }
 }
@@ -116,7 +125,15 @@ pub fn start(
         );
         handles.push(tokio::spawn(registration_client(cl, h, stop, seed)));
     }
-    Workload { stop, handles }
+    let raw = raw_clients::start(
+        target,
+        &history,
+        &stop,
+        options.raw_clients,
+        options.unavailable_after,
+        seed ^ 0x7a3,
+    );
+    Workload { stop, handles, raw }
 }
 
 async fn kv_client(
@@ -168,6 +185,8 @@ async fn kv_client(
             ),
             KvOp::Delete => Some(c.delete(&key).await.ok().map(|()| KvRet::Ok)),
             KvOp::Increment(d) => Some(c.increment(&key, *d).await.ok().map(KvRet::Number)),
+            // Only the raw-key clients compare and set (torch's COMPARE_SET).
+            KvOp::CompareSet { .. } => None,
             // A failed read is not recorded: it tells nothing and changed nothing.
             KvOp::Get => match c.try_get(&key).await {
                 Ok(v) => Some(Some(KvRet::Value(
@@ -281,12 +300,5 @@ async fn registration_client(c: CoordClient, h: Arc<History>, stop: Arc<AtomicBo
             complete_us: ret.is_some().then(|| h.now_us()),
         });
         tokio::time::sleep(Duration::from_millis(rng.gen_range(50..250))).await;
-    }
-}
-
-/// Resolves once the run is stopping.
-async fn stopped(stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

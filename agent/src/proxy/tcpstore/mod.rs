@@ -19,6 +19,10 @@ mod conn;
 mod ops;
 mod order;
 
+/// One torch connection's calls on the ensemble; the fault harness drives it directly (its raw-key
+/// clients call exactly what a torch connection through the proxy calls).
+pub use ops::Store;
+
 use bytes::Bytes;
 use tokio::net::TcpListener;
 

@@ -90,8 +90,8 @@ pub async fn run(args: Args) -> Result<(), String> {
         ("coord", sidecar.store.as_str()),
     ];
     eprintln!(
-        "coord-bench torch: torch's store on {}, coord-proxy on {}",
-        own.addr, sidecar.store
+        "coord-bench torch: torch's store on {} (name lookups: {}), coord-proxy on {}",
+        own.addr, own.lookups, sidecar.store
     );
 
     // Calls, one at a time.
@@ -134,8 +134,7 @@ pub async fn run(args: Args) -> Result<(), String> {
     let stall = median(&stalls);
     let worst = stalls.iter().max().copied().unwrap_or_default();
 
-    // Last: a burst of thousands of connections leaves torch's own store busy for minutes.
-    // init_process_group's store traffic.
+    // Last: init_process_group's store traffic, a burst of thousands of connections.
     let mut init_rows = Vec::new();
     for &n in &args.ranks {
         let mut times = [Vec::new(), Vec::new()];
@@ -202,5 +201,6 @@ pub async fn run(args: Args) -> Result<(), String> {
         secs(stall),
         met(stall <= Duration::from_secs(1))
     );
+    println!("\ntorch's store's name lookups: {}.", own.lookups);
     Ok(())
 }
