@@ -14,6 +14,11 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+
+/// The coordinator's allocator: thousands of torch connections at once are small allocations
+/// (glibc malloc took a sixth of the proxy's time in a 4096-rank burst).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::Duration;
 
 use clap::Parser;

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use coord_agent::proxy::tcpstore::Store;
-use coord_agent::CoordClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
@@ -102,12 +101,18 @@ pub fn start(
     seed: u64,
 ) -> RawClients {
     let arrivals = Arc::new(Arrivals::default());
+    // One proxy's stores: a session per client, the GET flights shared (as coord-proxy's
+    // connections share them).
+    let stores = Arc::new(Store::new(
+        target.client(unavailable_after),
+        Bytes::from_static(PREFIX),
+    ));
     let handles = (0..clients)
         .map(|id| {
             let c = Client {
                 id,
                 world: clients,
-                client: target.client(unavailable_after),
+                stores: stores.clone(),
                 history: history.clone(),
                 stop: stop.clone(),
                 arrivals: arrivals.clone(),
@@ -131,7 +136,7 @@ impl RawClients {
 struct Client {
     id: usize,
     world: usize,
-    client: CoordClient,
+    stores: Arc<Store>,
     history: Arc<History>,
     stop: Arc<AtomicBool>,
     arrivals: Arc<Arrivals>,
@@ -139,7 +144,7 @@ struct Client {
 
 impl Client {
     fn store(&self) -> Store {
-        Store::new(self.client.clone(), Bytes::from_static(PREFIX))
+        self.stores.sibling()
     }
 
     async fn run(self, seed: u64) {

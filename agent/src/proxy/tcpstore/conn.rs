@@ -65,7 +65,9 @@ pub async fn serve(stream: TcpStream, store: Store, order: Arc<WriteOrder>) {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     let mut conn = Conn {
-        rd: BufReader::with_capacity(64 << 10, rd),
+        // torch's own server reads in 4 KiB buffers; a larger one per connection is thousands of
+        // zeroed pages in a burst of ranks.
+        rd: BufReader::with_capacity(8 << 10, rd),
         wr,
         store,
         order,

@@ -12,12 +12,16 @@
 //! - [`conn`]: one connection: handshake, requests in turn, WAIT and its cancellation, and what
 //!   closes a connection (logged).
 //! - [`ops`]: what each request does on the ensemble.
+//! - [`reads`]: GETs of many connections sent together.
+//! - [`waits`]: WAITs of many connections for the same keys, parked as one call.
 //! - [`order`]: reply-less writes seen by every connection in the order they arrived.
 
 pub mod codec;
 mod conn;
 mod ops;
 mod order;
+mod reads;
+mod waits;
 
 /// One torch connection's calls on the ensemble; the fault harness drives it directly (its raw-key
 /// clients call exactly what a torch connection through the proxy calls).
@@ -32,11 +36,11 @@ use crate::client::CoordClient;
 /// under `prefix` (one store per job on a shared ensemble).
 pub async fn serve(listener: TcpListener, client: CoordClient, prefix: Bytes) {
     let order = std::sync::Arc::new(order::WriteOrder::default());
+    let stores = ops::Store::new(client, prefix);
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let store = ops::Store::new(client.clone(), prefix.clone());
-                tokio::spawn(conn::serve(stream, store, order.clone()));
+                tokio::spawn(conn::serve(stream, stores.sibling(), order.clone()));
             }
             Err(e) => {
                 // Out of file descriptors, most likely: the connections already open go on.

@@ -11,24 +11,16 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use coord_proto::coord::kv as pb;
-use coord_proto::coord::kv::raw_keys_client::RawKeysClient;
 use coord_proto::metadata::RequestSession;
 use tonic::Status;
 
-use crate::client::{Channel, CoordClient};
+use super::reads::{raw, Reads};
+use super::waits::Waits;
+use crate::client::CoordClient;
 
-/// Largest request or answer the proxy exchanges with a replica: a value at torch's limit and
-/// then some.
-const MESSAGE_LIMIT: usize = 64 << 20;
 /// A MULTI_SET larger than this goes to the ensemble in several writes, each under the
 /// ensemble's default request size limit (`--max-value-bytes`, 4 MiB, and the key).
 const SET_BATCH_BYTES: usize = 3 << 20;
-
-fn raw(ch: Channel) -> RawKeysClient<Channel> {
-    RawKeysClient::new(ch)
-        .max_decoding_message_size(MESSAGE_LIMIT)
-        .max_encoding_message_size(MESSAGE_LIMIT)
-}
 
 /// One torch connection's view of the ensemble.
 pub struct Store {
@@ -36,6 +28,10 @@ pub struct Store {
     /// This connection's request ids: one client of the ensemble per torch connection.
     session: Arc<RequestSession>,
     prefix: Bytes,
+    /// GETs go out in flights shared with the proxy's other connections, and WAITs for the same
+    /// keys park one call.
+    reads: Reads,
+    waits: Waits,
 }
 
 /// Calls one `RawKeys` method: `$m` the method, `$req` the request, `$write` whether it takes a
@@ -55,11 +51,25 @@ macro_rules! call {
 }
 
 impl Store {
+    /// The first connection's store (call inside a tokio runtime: it starts the GET flights).
     pub fn new(client: CoordClient, prefix: Bytes) -> Self {
         Self {
+            reads: Reads::start(client.clone()),
+            waits: Waits::new(client.clone()),
             client,
             session: CoordClient::new_session(),
             prefix,
+        }
+    }
+
+    /// Another connection's store: a session of its own, the GET flights shared.
+    pub fn sibling(&self) -> Self {
+        Self {
+            client: self.client.clone(),
+            session: CoordClient::new_session(),
+            prefix: self.prefix.clone(),
+            reads: self.reads.clone(),
+            waits: self.waits.clone(),
         }
     }
 
@@ -103,18 +113,7 @@ impl Store {
     /// The values of `keys`, a missing key's empty (torch's server answers so; its client waits
     /// for the keys first).
     pub async fn get(&self, keys: &[Bytes]) -> Result<Vec<Bytes>, Status> {
-        let req = pb::RawGetRequest {
-            keys: self.keys(keys),
-        };
-        let resp = call!(self, get, req, false, false)?;
-        if resp.values.len() != keys.len() {
-            return Err(Status::internal(format!(
-                "the ensemble answered {} values for {} keys",
-                resp.values.len(),
-                keys.len()
-            )));
-        }
-        Ok(resp.values.into_iter().map(|v| v.value).collect())
+        self.reads.get(self.keys(keys)).await
     }
 
     /// torch's COMPARE_SET answer: the value after the call, or `expected` for a missing key.
@@ -164,12 +163,10 @@ impl Store {
         Ok(call!(self, check, req, false, false)?.ready)
     }
 
-    /// Parks until every key exists; dropping the future cancels the wait on the leader.
+    /// Parks until every key exists (with every other connection's WAIT for the same keys);
+    /// dropping the future gives up its place, and the last to go cancels the wait on the leader.
     pub async fn wait(&self, keys: &[Bytes]) -> Result<(), Status> {
-        let req = pb::RawKeysRequest {
-            keys: self.keys(keys),
-        };
-        call!(self, wait, req, false, true).map(|_| ())
+        self.waits.wait(self.keys(keys)).await
     }
 
     /// One arrival at the counted barrier `key`, parked until the counter reaches `world_size`.

@@ -27,8 +27,27 @@ async fn connect(addr: &str) -> Result<StoreClient, String> {
     }
 }
 
-async fn rank(addr: String, rank: usize, world: usize, tag: String) -> Result<StoreClient, String> {
+/// When one rank finished each step, counted from the start of the round.
+#[derive(Clone, Copy, Default)]
+struct Steps {
+    connected: Duration,
+    added: Duration,
+    released: Duration,
+    done: Duration,
+}
+
+async fn rank(
+    addr: String,
+    rank: usize,
+    world: usize,
+    tag: String,
+    start: Instant,
+) -> Result<(StoreClient, Steps), String> {
     let mut c = connect(&addr).await?;
+    let mut steps = Steps {
+        connected: start.elapsed(),
+        ..Steps::default()
+    };
     let io = |e: std::io::Error| format!("rank {rank} on {addr}: {e}");
     let master = format!("/{tag}/MASTER_ADDR").into_bytes();
     let joined = format!("/{tag}/all_joined").into_bytes();
@@ -39,19 +58,24 @@ async fn rank(addr: String, rank: usize, world: usize, tag: String) -> Result<St
         .add(format!("/{tag}/init").as_bytes(), 1)
         .await
         .map_err(io)?;
+    steps.added = start.elapsed();
     if n == world as i64 {
         c.set(&joined, b"1").await.map_err(io)?;
     }
     c.wait(&[&joined]).await.map_err(io)?;
+    steps.released = start.elapsed();
     let m = c.get(&master).await.map_err(io)?;
     if m != b"10.0.0.1:29500" {
         return Err(format!("rank {rank} read the master address {m:?}"));
     }
-    Ok(c)
+    steps.done = start.elapsed();
+    Ok((c, steps))
 }
 
 /// Runs `world` simulated ranks against the store at `addr` (keys under `/{tag}`); the time until
-/// every one of them is done, or why not (a deadline of `timeout` in all).
+/// every one of them is done, or why not (a deadline of `timeout` in all). Prints when the last
+/// rank had connected (VALIDATE and PING answered), ADDed, been released from its WAIT and read
+/// the master address: where the time goes.
 pub async fn init_ranks(
     addr: &str,
     world: usize,
@@ -61,13 +85,19 @@ pub async fn init_ranks(
     let start = Instant::now();
     let mut ranks = tokio::task::JoinSet::new();
     for r in 0..world {
-        ranks.spawn(rank(addr.to_string(), r, world, tag.to_string()));
+        ranks.spawn(rank(addr.to_string(), r, world, tag.to_string(), start));
     }
     // The connections stay open until every rank is done, as in a job.
     let mut done = Vec::with_capacity(world);
+    let mut last = Steps::default();
     let all = async {
         while let Some(r) = ranks.join_next().await {
-            done.push(r.map_err(|e| e.to_string())??);
+            let (c, s) = r.map_err(|e| e.to_string())??;
+            last.connected = last.connected.max(s.connected);
+            last.added = last.added.max(s.added);
+            last.released = last.released.max(s.released);
+            last.done = last.done.max(s.done);
+            done.push(c);
         }
         Ok::<(), String>(())
     };
@@ -76,5 +106,13 @@ pub async fn init_ranks(
         .map_err(|_| format!("{world} ranks on {addr}: not all done within {timeout:?}"))??;
     let took = start.elapsed();
     drop(done);
+    let s = |d: Duration| format!("{:.3}", d.as_secs_f64());
+    eprintln!(
+        "    the last rank connected at {} s, had ADDed at {}, was released at {}, done at {}",
+        s(last.connected),
+        s(last.added),
+        s(last.released),
+        s(last.done)
+    );
     Ok(took)
 }
