@@ -7,7 +7,7 @@
 //! the key and then the GET, as torch's `TCPStore::get` does. Keys are sent as given (torch's
 //! client prefixes them with `/`; so should the caller).
 
-use coord_agent::proxy::tcpstore::codec::{query, MAGIC, STOP_WAITING};
+use coord_agent::proxy::tcpstore::codec::{query, MAGIC, STOP_WAITING, WAIT_CANCELED};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -149,6 +149,16 @@ impl StoreClient {
         match self.rd.read_u8().await? {
             STOP_WAITING => Ok(()),
             other => Err(unexpected("WAIT", other)),
+        }
+    }
+
+    /// CANCEL_WAIT of a WAIT sent by [`Self::start_wait`], as torch's client sends it at its
+    /// timeout: the WAIT_CANCELED answer.
+    pub async fn cancel_wait(&mut self) -> std::io::Result<()> {
+        self.send(Frame::op(query::CANCEL_WAIT)).await?;
+        match self.rd.read_u8().await? {
+            WAIT_CANCELED => Ok(()),
+            other => Err(unexpected("CANCEL_WAIT", other)),
         }
     }
 

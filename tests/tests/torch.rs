@@ -98,6 +98,70 @@ async fn the_sidecar_exits_cleanly_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{status}");
 }
 
+/// init_process_group's burst, in small: many connections WAIT for the same key, and the proxy
+/// parks one call on the leader for all of them; a SET releases every one. Waiters that cancel
+/// give up their places, and when the last has gone the parked call is gone from the leader too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_the_same_key_park_one_call_and_all_are_released() {
+    const WAITERS: usize = 32;
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let sidecar = StoreSidecar::start(&cluster.endpoints());
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let mut c = StoreClient::connect(&sidecar.store).await.expect("connect");
+        c.start_wait(&[b"/burst"]).await.expect("wait");
+        waiters.push(c);
+    }
+    let parked = |c: &mut Cluster| c.metric(leader, "coord_parked_calls");
+    cluster
+        .wait_until(Duration::from_secs(10), "the WAIT parked", |c| {
+            parked(c) >= 1.0
+        })
+        .await;
+    // Every waiter's WAIT reached the proxy before the first was answered (none is): one call.
+    assert_eq!(
+        parked(&mut cluster),
+        1.0,
+        "one parked call for {WAITERS} waiters"
+    );
+    let mut setter = StoreClient::connect(&sidecar.store).await.expect("connect");
+    setter.set(b"/burst", b"1").await.expect("set");
+    for (i, w) in waiters.iter_mut().enumerate() {
+        tokio::time::timeout(Duration::from_secs(10), w.waited())
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} not released within 10 s"))
+            .expect("STOP_WAITING");
+    }
+
+    // Cancelled one by one: the others keep waiting, and the last to go takes the call along.
+    for w in &mut waiters {
+        w.start_wait(&[b"/never"]).await.expect("wait");
+    }
+    cluster
+        .wait_until(Duration::from_secs(10), "the second WAIT parked", |c| {
+            parked(c) >= 1.0
+        })
+        .await;
+    let (last, rest) = waiters.split_last_mut().expect("waiters");
+    for w in rest {
+        w.cancel_wait().await.expect("WAIT_CANCELED");
+    }
+    assert_eq!(
+        parked(&mut cluster),
+        1.0,
+        "the last waiter's call still parked"
+    );
+    last.cancel_wait().await.expect("WAIT_CANCELED");
+    cluster
+        .wait_until(Duration::from_secs(10), "the parked call gone", |c| {
+            parked(c) == 0.0
+        })
+        .await;
+    // The connections serve on.
+    assert_eq!(last.get(b"/burst").await.expect("get"), b"1");
+}
+
 /// Sends `bytes` on a fresh connection and expects the proxy to close it (EOF within the
 /// deadline, nothing answered).
 fn closed_after(store: &str, bytes: &[u8]) {

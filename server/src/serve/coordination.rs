@@ -80,11 +80,18 @@ impl CoordCore {
                 incarnation,
             }
         };
+        // A registration counts as a heartbeat: the task has not had time to send one. Heard
+        // before the commit too: the checker may see the task connected as soon as the
+        // registration is applied, before this call resumes, and would measure its silence from
+        // when this replica began to lead (a task that took longer than the heartbeat timeout to
+        // start, as TensorFlow importing on a loaded machine, was put in error 10 ms after it
+        // registered). Heard for a registration that then fails is harmless: only connected tasks
+        // are checked.
+        self.heartbeats.record(&task, incarnation);
         match self.commit(id, op).await? {
             Output::Registered {
                 service_incarnation,
             } => {
-                // A registration counts as a heartbeat: the task has not had time to send one.
                 self.heartbeats.record(&task, incarnation);
                 Ok(service_incarnation)
             }

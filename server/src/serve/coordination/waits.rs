@@ -39,6 +39,9 @@ impl CoordCore {
             incarnation,
             participants,
         };
+        // Heard before the commit, as in `register_task`: the heartbeat checker may see the task
+        // connected before this call resumes.
+        self.heartbeats.record(&task, incarnation);
         let outcome = match self.commit(id, op).await? {
             Output::Barrier {
                 outcome: Some(o), ..
