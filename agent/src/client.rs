@@ -16,6 +16,7 @@
 //! - `kv`: the key-value store (TensorFlow's key-value calls, increment, watch).
 //! - `tasks`: the coordination service (task lifecycle, barriers, errors, task states).
 //! - `admin`: the ensemble's administration (status, membership, snapshots, service shutdown).
+//! - `namespaces`: declaring, deleting and listing namespaces.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +34,7 @@ pub(crate) type Channel = coord_proto::conn::EagerEnd<tonic::transport::Channel>
 
 mod admin;
 mod kv;
+mod namespaces;
 mod tasks;
 
 /// Largest message the client sends or accepts (a value near the server's 4 MiB default limit
@@ -55,6 +57,9 @@ pub struct ClientOptions {
     pub attempt_timeout: Duration,
     /// TLS toward the replicas; `None` speaks plain gRPC.
     pub tls: Option<coord_proto::tls::ClientTls>,
+    /// The namespace every call acts in (`None`: the default one), sent as the
+    /// `coord-namespace` header on every call.
+    pub namespace: Option<String>,
 }
 
 impl ClientOptions {
@@ -65,6 +70,7 @@ impl ClientOptions {
             connect_timeout: Duration::from_millis(500),
             attempt_timeout: Duration::from_secs(2),
             tls: None,
+            namespace: None,
         }
     }
 }
@@ -83,6 +89,8 @@ struct Inner {
     preferred: AtomicUsize,
     session: Arc<RequestSession>,
     options: ClientOptions,
+    /// [`ClientOptions::namespace`] as the header's value.
+    namespace: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 impl CoordClient {
@@ -99,6 +107,13 @@ impl CoordClient {
             .iter()
             .map(|addr| channel(addr, &options))
             .collect::<Result<Vec<_>, _>>()?;
+        let namespace =
+            match &options.namespace {
+                None => None,
+                Some(ns) => Some(ns.parse().map_err(|_| {
+                    Status::invalid_argument(format!("namespace {ns:?} is not ASCII"))
+                })?),
+            };
         Ok(Self {
             inner: Arc::new(Inner {
                 endpoints,
@@ -106,6 +121,7 @@ impl CoordClient {
                 preferred: AtomicUsize::new(0),
                 session: RequestSession::new(rand::random::<u64>() | 1),
                 options,
+                namespace,
             }),
         })
     }
@@ -278,6 +294,10 @@ impl CoordClient {
                 coord_proto::metadata::FAILS_OVER,
                 tonic::metadata::MetadataValue::from_static("1"),
             );
+            if let Some(ns) = &self.inner.namespace {
+                r.metadata_mut()
+                    .insert(coord_proto::metadata::NAMESPACE, ns.clone());
+            }
             let attempt = f(self.inner.channels[at].clone(), r);
             let answer = match attempt_timeout {
                 None => attempt.await,

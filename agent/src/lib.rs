@@ -6,7 +6,8 @@
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
 //!   once and a caller sees an error only when no replica could serve it for a configurable time.
-//! - [`tls`]: the TLS flags every program of this crate reads.
+//! - [`tls`]: the TLS flags every program of this crate reads; [`namespace`]: the flags that
+//!   declare a namespace's job and limits.
 //! - [`watch`]: key watches that resume across leader changes without losing or repeating a
 //!   change.
 //! - [`agent`]: [`Agent`], TensorFlow's coordination agent (`CoordinationServiceAgent`) over a
@@ -24,6 +25,7 @@ pub mod agent;
 pub mod blocking;
 pub mod client;
 pub mod data;
+pub mod namespace;
 pub mod preemption;
 pub mod proxy;
 pub mod rendezvous;

@@ -22,7 +22,8 @@
 //!   - [`coord::dispatcher`]: the tf.data-style dispatcher and the data worker's element service.
 //!   - [`coord::link`]: the worker-to-worker link: rendezvous tensors and peer heartbeats.
 //! - [`conn`]: gRPC connections: fewer, larger socket writes, and the Raft preface.
-//! - [`metadata`]: request ids and leader hints, carried as gRPC metadata.
+//! - [`metadata`]: request ids, leader hints and the namespace, carried as gRPC metadata.
+//! - [`shape`]: a job's shape as the flags and `--cluster-config` files spell it.
 //! - [`tls`]: TLS configurations and the identities certificates carry.
 //! - [`dataset`]: dataset definitions: validation, fingerprints, splits and elements.
 //! - [`tf_dataset`]: the split providers TF 2.21's tf.data dispatcher makes for a client's
@@ -133,5 +134,6 @@ pub mod conn;
 pub mod dataset;
 pub mod fuzz;
 pub mod metadata;
+pub mod shape;
 pub mod tf_dataset;
 pub mod tls;

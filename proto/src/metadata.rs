@@ -1,6 +1,6 @@
 //! The parts of coord's wire contract carried as gRPC metadata, because the TensorFlow and XLA
-//! schemas have no field for them: request ids (so a retried mutation applies once) and leader
-//! hints.
+//! schemas have no field for them: request ids (so a retried mutation applies once), leader
+//! hints and the namespace a call acts in.
 //!
 //! A client numbers its mutations `seq = 1, 2, ...` under a random client id and may have several
 //! in flight; with each it sends `acked_below`, the oldest `seq` still in flight, which tells the
@@ -42,6 +42,11 @@ pub const LEADER_ID: &str = "coord-leader-id";
 /// through elections instead.
 pub const FAILS_OVER: &str = "coord-fails-over";
 pub const LEADER_ADDR: &str = "coord-leader-addr";
+/// The namespace a call acts in (absent: the default namespace). Set by coord-proxy
+/// `--namespace` and coordctl `-n` on every call of a connection, never by TensorFlow's, JAX's
+/// or torch's clients; over TLS a task certificate of a namespace binds it instead, and a header
+/// naming another is refused.
+pub const NAMESPACE: &str = "coord-namespace";
 
 /// A mutation's request id as it travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,11 +32,14 @@ pub enum Identity {
     /// `coord://<cluster>/replica/<id>`: a replica; the only identity that may send Raft traffic.
     Replica { cluster: String, id: u64 },
     /// `coord://<cluster>/task/<job>/<index>`: a training task; it may register, heartbeat,
-    /// report errors and wait at barriers only as itself.
+    /// report errors and wait at barriers only as itself. `coord://<cluster>/ns/<namespace>/task/
+    /// <job>/<index>`: the same, bound to that namespace, and refused in every other.
     Task {
         cluster: String,
         job: String,
         index: u32,
+        /// The namespace it belongs to (`None`: the default one).
+        namespace: Option<String>,
     },
     /// `coord://<cluster>/client/<name>`: an operator or tool (coordctl, a proxy serving several
     /// tasks); anything but Raft traffic.
@@ -69,12 +72,23 @@ impl Identity {
                 })),
                 Err(_) => bad("the replica id is not a number"),
             },
-            [_, "task", "", _] => bad("the job name is empty"),
+            [_, "ns", "", ..] => bad("the namespace name is empty"),
+            [_, "task", "", _] | [_, "ns", _, "task", "", _] => bad("the job name is empty"),
             [cluster, "task", job, index] => match index.parse::<u32>() {
                 Ok(index) => Ok(Some(Identity::Task {
                     cluster: cluster.to_string(),
                     job: job.to_string(),
                     index,
+                    namespace: None,
+                })),
+                Err(_) => bad("the task index is not a number"),
+            },
+            [cluster, "ns", namespace, "task", job, index] => match index.parse::<u32>() {
+                Ok(index) => Ok(Some(Identity::Task {
+                    cluster: cluster.to_string(),
+                    job: job.to_string(),
+                    index,
+                    namespace: Some(namespace.to_string()),
                 })),
                 Err(_) => bad("the task index is not a number"),
             },
@@ -84,7 +98,7 @@ impl Identity {
                 name: name.to_string(),
             })),
             _ => bad(
-                "expected coord://<ensemble>/replica/<id>, /task/<job>/<index> or /client/<name>",
+                "expected coord://<ensemble>/replica/<id>, /task/<job>/<index>, /ns/<namespace>/task/<job>/<index> or /client/<name>",
             ),
         }
     }
@@ -105,7 +119,14 @@ impl fmt::Display for Identity {
                 cluster,
                 job,
                 index,
+                namespace: None,
             } => write!(f, "{SCHEME}://{cluster}/task/{job}/{index}"),
+            Identity::Task {
+                cluster,
+                job,
+                index,
+                namespace: Some(ns),
+            } => write!(f, "{SCHEME}://{cluster}/ns/{ns}/task/{job}/{index}"),
             Identity::Client { cluster, name } => write!(f, "{SCHEME}://{cluster}/client/{name}"),
         }
     }
@@ -333,6 +354,13 @@ mod tests {
                 cluster: "prod".into(),
                 job: "worker".into(),
                 index: 12,
+                namespace: None,
+            },
+            Identity::Task {
+                cluster: "prod".into(),
+                job: "worker".into(),
+                index: 0,
+                namespace: Some("job-7".into()),
             },
             Identity::Client {
                 cluster: "coord".into(),
@@ -359,6 +387,10 @@ mod tests {
             ("coord://c/replica/x", "replica id is not a number"),
             ("coord://c/task/worker/-1", "task index is not a number"),
             ("coord://c/task//1", "job name is empty"),
+            ("coord://c/ns//task/w/1", "namespace name is empty"),
+            ("coord://c/ns/a/task//1", "job name is empty"),
+            ("coord://c/ns/a/task/w/x", "task index is not a number"),
+            ("coord://c/ns/a/b/task/w/1", "expected coord://"),
             ("coord://c/client/", "client name is empty"),
             ("coord://c/admin", "expected coord://"),
             ("coord://c/replica/1/2", "expected coord://"),
@@ -373,7 +405,7 @@ mod tests {
     fn fuzz_identity_uris() {
         let mut next = crate::fuzz::xorshift(0x1D_E7);
         let pieces = [
-            "coord://", "c", "replica", "task", "client", "/", "7", "-1", "", "é", "x/y",
+            "coord://", "c", "replica", "task", "client", "ns", "/", "7", "-1", "", "é", "x/y",
         ];
         for _ in 0..20_000 {
             let n = 1 + next() % 8;

@@ -20,6 +20,7 @@ use crate::raw::{RawOp, RawOutput};
 use crate::state::alive::AliveAnswer;
 use crate::state::barriers::Outcome;
 use crate::state::cluster::{ClusterConfig, TaskName};
+use crate::state::namespace_limits::NamespaceLimits;
 use crate::state::tasks::DeviceInfo;
 
 // The outcome vocabulary lives in the leaf `error` module; these paths stay for callers.
@@ -176,6 +177,26 @@ pub enum Op {
     },
     /// A mutation of the raw key space (torch's store; see `crate::raw`). Appended last.
     Raw(RawOp),
+    /// `op`, applied in the named namespace's world (see `state::namespaces`): the server wraps
+    /// every command of a call bound to a namespace. Appended last.
+    InNamespace {
+        namespace: String,
+        op: Box<Op>,
+    },
+    /// Creates the namespace with this shape and these limits, or confirms it exists with exactly
+    /// them (a declaration that differs is refused, naming the differences). Appended last.
+    DeclareNamespace {
+        namespace: String,
+        /// The namespace's job; no jobs: a namespace of keys only (torch's store).
+        config: ClusterConfig,
+        limits: NamespaceLimits,
+        /// The incarnation its coordination service starts with (chosen by the leader).
+        service_incarnation: u64,
+    },
+    /// Deletes the namespace and everything in it, in one entry. Appended last.
+    DeleteNamespace {
+        namespace: String,
+    },
 }
 
 impl fmt::Display for Op {
@@ -226,6 +247,15 @@ impl fmt::Display for Op {
             Op::Dispatcher(op) => write!(f, "dispatcher.{op}"),
             Op::SetQuota { bytes } => write!(f, "set_quota({bytes})"),
             Op::Raw(op) => write!(f, "raw.{op}"),
+            Op::InNamespace { namespace, op } => write!(f, "ns({namespace:?}).{op}"),
+            Op::DeclareNamespace {
+                namespace, config, ..
+            } => write!(
+                f,
+                "declare_namespace({namespace:?}, {} tasks)",
+                config.task_count()
+            ),
+            Op::DeleteNamespace { namespace } => write!(f, "delete_namespace({namespace:?})"),
         }
     }
 }
@@ -261,4 +291,9 @@ pub enum Output {
     Dispatcher(DispatcherOutput),
     /// What a mutation of the raw key space returned. Appended last.
     Raw(RawOutput),
+    /// A namespace declaration took effect: `created` if it made the namespace. Appended last.
+    Declared {
+        created: bool,
+        service_incarnation: u64,
+    },
 }

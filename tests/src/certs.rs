@@ -55,6 +55,17 @@ impl TestPki {
             cluster: self.cluster.clone(),
             job: job.to_string(),
             index,
+            namespace: None,
+        }
+    }
+
+    /// A task of namespace `ns`.
+    pub fn task_in(&self, ns: &str, job: &str, index: u32) -> Identity {
+        Identity::Task {
+            cluster: self.cluster.clone(),
+            job: job.to_string(),
+            index,
+            namespace: Some(ns.to_string()),
         }
     }
 

@@ -139,6 +139,11 @@ pub struct StoreSidecar {
 
 impl StoreSidecar {
     pub fn start(endpoints: &[String]) -> StoreSidecar {
+        Self::start_with(endpoints, &[])
+    }
+
+    /// The same, with more coord-proxy flags (`--namespace NAME`, a job's shape).
+    pub fn start_with(endpoints: &[String], extra: &[&str]) -> StoreSidecar {
         let bin = workspace_binary("coord-agent", "coord-proxy", Some("COORD_PROXY_BIN"));
         let ports = free_ports(2);
         let store = format!("127.0.0.1:{}", ports[1]);
@@ -149,6 +154,7 @@ impl StoreSidecar {
             .arg(&store)
             .arg("--coordinators")
             .arg(endpoints.join(","))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

@@ -146,7 +146,18 @@ impl Leaf {
 pub fn stem(identity: &Identity) -> String {
     match identity {
         Identity::Replica { id, .. } => format!("replica-{id}"),
-        Identity::Task { job, index, .. } => format!("task-{job}-{index}"),
+        Identity::Task {
+            job,
+            index,
+            namespace: None,
+            ..
+        } => format!("task-{job}-{index}"),
+        Identity::Task {
+            job,
+            index,
+            namespace: Some(ns),
+            ..
+        } => format!("ns-{ns}-task-{job}-{index}"),
         Identity::Client { name, .. } => format!("client-{name}"),
     }
 }

@@ -72,6 +72,18 @@ struct Cli {
     /// proxy the certificate of the task it serves.
     #[command(flatten)]
     tls: coord_agent::tls::TlsArgs,
+    /// Put all of this job's traffic in namespace NAME: its keys, tasks, barriers and torch store
+    /// are its own, apart from every other job on the ensemble. Declared on start with the job
+    /// flags below (every sidecar of a job must give the same). Without TLS the sidecar is
+    /// trusted to name its job's namespace; with TLS a task certificate of a namespace binds it.
+    #[arg(long, env = "COORD_NAMESPACE")]
+    namespace: Option<String>,
+    /// The namespace's job (with --namespace).
+    #[command(flatten)]
+    shape: coord_agent::namespace::ShapeArgs,
+    /// The namespace's limits (with --namespace; 0 takes the ensemble's default).
+    #[command(flatten)]
+    limits: coord_agent::namespace::LimitArgs,
 }
 
 fn main() -> ExitCode {
@@ -99,6 +111,21 @@ async fn run(cli: Cli) -> ExitCode {
         }
     };
     options.unavailable_after = Duration::from_secs(cli.unavailable_after_secs);
+    let declaration = match &cli.namespace {
+        Some(name) => match coord_agent::namespace::declaration(name, &cli.shape, &cli.limits) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("coord-proxy: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None if !cli.shape.jobs.is_empty() || cli.shape.cluster_config.is_some() => {
+            eprintln!("coord-proxy: --job and --cluster-config shape a namespace: give --namespace too (the default namespace's job is the replicas' flags)");
+            return ExitCode::from(2);
+        }
+        None => None,
+    };
+    options.namespace = cli.namespace.clone();
     let client = match CoordClient::new(options) {
         Ok(c) => c,
         Err(e) => {
@@ -117,6 +144,22 @@ async fn run(cli: Cli) -> ExitCode {
         _ => None,
     };
     client.find_leader().await;
+    if let Some(d) = declaration {
+        let name = d.name.clone();
+        match client.declare_namespace(d).await {
+            Ok(r) => eprintln!(
+                "coord-proxy: namespace {name:?} {}",
+                if r.created { "created" } else { "joined" }
+            ),
+            Err(e) => {
+                eprintln!(
+                    "coord-proxy: cannot declare namespace {name:?}: {}",
+                    e.message()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if let Some((task, address)) = pushed {
         tokio::spawn(coord_agent::proxy::push::push_errors(
             client.clone(),

@@ -108,6 +108,31 @@ impl RawKeys {
         }
     }
 
+    /// How many keys `op` would create (a namespace's key limit counts them before the write).
+    pub(crate) fn new_keys_of(&self, op: &RawOp) -> u64 {
+        let new = |k: &Bytes| u64::from(!self.values.contains_key(k));
+        match op {
+            RawOp::Set { entries } => {
+                let keys: std::collections::BTreeSet<&Bytes> = entries
+                    .iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| new(k) == 1)
+                    .collect();
+                keys.len() as u64
+            }
+            RawOp::CompareSet { key, .. } | RawOp::Add { key, .. } | RawOp::Append { key, .. } => {
+                new(key)
+            }
+            RawOp::QueuePush { key, .. } => u64::from(!self.queues.contains_key(key)),
+            RawOp::Delete { .. } | RawOp::QueuePop { .. } => 0,
+        }
+    }
+
+    /// Keys holding a value or a queue.
+    pub fn key_count(&self) -> u64 {
+        (self.values.len() + self.queues.len()) as u64
+    }
+
     fn put(&mut self, key: Bytes, value: Bytes) {
         let added = value_bytes(&key, &value);
         if let Some(old) = self.values.insert(key.clone(), value) {

@@ -49,4 +49,18 @@ pub enum Change {
     RawChanged {
         key: Bytes,
     },
+    /// `change` happened in namespace `namespace` (see `namespaces`); every change above is of
+    /// the default namespace.
+    InNamespace {
+        namespace: String,
+        change: Box<Change>,
+    },
+    /// A namespace was created.
+    NamespaceDeclared {
+        namespace: String,
+    },
+    /// A namespace was deleted: its parked calls, watches and leader duties end.
+    NamespaceDeleted {
+        namespace: String,
+    },
 }

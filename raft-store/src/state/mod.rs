@@ -20,7 +20,11 @@
 //! - `coordination`: the coordination service's transitions over the records.
 //! - `runs`: job runs: a job started again gets a clean run.
 //! - `quota`: the memory quota on the whole state.
-//! - this module: [`CoordState`] and `apply`, which routes each command.
+//! - `space`: one namespace's records ([`Space`]) and the apply of one command to them.
+//! - `namespace_limits`, `namespaces`: the named namespaces, their limits, declaration and
+//!   deletion.
+//! - this module: [`CoordState`] (the default namespace's space and the named ones) and
+//!   `apply`, which routes each command to its namespace.
 
 pub(crate) mod alive;
 pub(crate) mod barriers;
@@ -32,9 +36,12 @@ mod coordination_tests;
 #[cfg(test)]
 mod fuzz_tests;
 mod kv;
+pub mod namespace_limits;
+mod namespaces;
 mod quota;
 mod runs;
 mod sessions;
+mod space;
 pub(crate) mod tasks;
 
 use serde::{Deserialize, Serialize};
@@ -48,9 +55,12 @@ pub use coordination::{
     WAIT_FOR_ALL_TASKS_BARRIER,
 };
 pub use kv::{KvEntry, KvStore, KvStoreBeforeRaw};
+pub use namespace_limits::{name_problem, NamespaceLimits, DEFAULT_NAMESPACE, MAX_NAME_BYTES};
+pub use namespaces::{not_found as namespace_not_found, Namespace, Namespaces};
 pub use quota::Quota;
 pub use runs::JobRuns;
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
+pub use space::Space;
 pub use tasks::{
     DeviceInfo, ErrorEvent, ErrorFeed, TaskError, TaskRecord, TaskRegistry, TaskState,
 };
@@ -58,49 +68,50 @@ pub use tasks::{
 // `Code` lives in the leaf `error` module; `state::Code` stays for callers.
 pub use crate::error::Code;
 
-use crate::command::{Command, CommandResult, Op, Output, Proposal};
-use crate::dispatcher::{DispatcherOp, DispatcherState};
-use crate::error::OpError;
+use crate::command::{Command, CommandResult, Op, Proposal};
+use crate::error::{OpError, RequestId};
+use space::Around;
 
-/// Whether `op` may grow the records outside the key-value store (everything but the store's own
-/// ops and the quota's).
-fn grows_records(op: &Op) -> bool {
-    !matches!(
-        op,
-        Op::KvPut { .. }
-            | Op::KvDelete { .. }
-            | Op::KvIncrement { .. }
-            | Op::SetQuota { .. }
-            | Op::Raw(_)
-    )
-}
-
-/// `value`'s encoded size: what it takes in a snapshot.
-fn encoded_len<T: Serialize>(value: &T) -> u64 {
-    crate::codec::encoded_len(value)
-}
-
-/// Everything the ensemble agrees on. A snapshot is exactly this value.
+/// Everything the ensemble agrees on: the default namespace, and the named ones. A snapshot is
+/// exactly this value (the default namespace first, encoded as the whole state was before
+/// namespaces).
+///
+/// It dereferences to the default namespace's [`Space`]: the replicas' own job, which every
+/// surface serves when a call is bound to no namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoordState {
-    pub kv: KvStore,
-    pub sessions: SessionTable,
-    /// The coordinated job; `None` until the first leader sets it up.
-    pub cluster: Option<Cluster>,
-    /// The tf.data dispatcher, behind both of its surfaces (snapshots before format 6 held two:
-    /// see `dispatcher::legacy`).
-    pub dispatcher: DispatcherState,
-    /// Which run of the job this is (snapshots of the first format lack it).
-    pub runs: JobRuns,
-    /// The memory quota and its alarm (snapshots before format 5 lack it).
-    pub quota: Quota,
+    pub default: Space,
+    pub namespaces: Namespaces,
+}
+
+impl std::ops::Deref for CoordState {
+    type Target = Space;
+    fn deref(&self) -> &Space {
+        &self.default
+    }
+}
+
+impl std::ops::DerefMut for CoordState {
+    fn deref_mut(&mut self) -> &mut Space {
+        &mut self.default
+    }
+}
+
+impl From<Space> for CoordState {
+    fn from(default: Space) -> Self {
+        Self {
+            default,
+            namespaces: Namespaces::default(),
+        }
+    }
 }
 
 impl CoordState {
     /// Applies every command of `proposal` in order and returns one result per command.
     pub fn apply(&mut self, proposal: &Proposal, changes: &mut Vec<Change>) -> Vec<CommandResult> {
         let now = proposal.proposed_at_ms;
-        self.sessions.expire(now);
+        self.default.sessions.expire(now);
+        self.namespaces.expire_sessions(now);
         proposal
             .commands
             .iter()
@@ -114,221 +125,125 @@ impl CoordState {
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
-        if let Some(req) = &cmd.request {
-            if let Some(previous) = self.sessions.replay(req, now_ms) {
-                return previous;
+        let request = cmd.request.as_ref();
+        match &cmd.op {
+            Op::InNamespace { namespace, op } => {
+                let outside = self.default.usage();
+                self.namespaces.apply_in(
+                    namespace,
+                    request,
+                    op,
+                    now_ms,
+                    changes,
+                    &mut self.default.quota,
+                    outside,
+                )
             }
-        }
-        let result = match self.quota_refusal(&cmd.op) {
-            Some(refusal) => {
-                self.quota.alarm = true;
-                Err(refusal)
-            }
-            None => self.apply_op(&cmd.op, now_ms, changes),
-        };
-        // A refused command grew nothing (its session record is measured with the sessions).
-        if result.is_ok()
-            && grows_records(&cmd.op)
-            && self.quota.note_record_write(encoded_len(&cmd.op))
-        {
-            self.measure_records();
-        }
-        self.quota.settle(self.usage());
-        // "Not set up yet" (or "queue empty" for a blocking pop) is a refusal to try again later,
-        // not an outcome: remembering it would answer the retry with the same refusal forever.
-        if let Some(req) = cmd
-            .request
-            .as_ref()
-            .filter(|_| !matches!(&result, Err(e) if e.is_transient()))
-        {
-            self.sessions.record(req, &result);
-        }
-        result
-    }
-
-    /// Bytes the state counts against its quota.
-    pub fn usage(&self) -> u64 {
-        self.kv.bytes() + self.quota.records_bytes
-    }
-
-    /// The quota's refusal of `op`, if it would grow the state past the quota. Apply refuses it
-    /// and raises the alarm; while the alarm is up, the leader refuses such writes before
-    /// proposing them, so a writer past the quota cannot grow the Raft log either.
-    pub fn quota_refusal(&self, op: &Op) -> Option<OpError> {
-        let growth = match op {
-            Op::KvPut {
-                key,
-                value,
-                overwrite,
-            } => self.kv.growth_of_put(key, value, *overwrite),
-            Op::KvIncrement { key, .. } => self.kv.growth_of_increment(key),
-            Op::Raw(raw) => self.kv.raw().growth_of(raw),
-            Op::Dispatcher(
-                DispatcherOp::RegisterDataset { .. }
-                | DispatcherOp::GetOrCreateJob { .. }
-                | DispatcherOp::GetOrCreateIteration { .. }
-                | DispatcherOp::RegisterDefinition { .. }
-                | DispatcherOp::JoinJob { .. },
-            ) => encoded_len(op),
-            _ => return None,
-        };
-        if growth == 0 {
-            return None;
-        }
-        self.quota.refusal(self.usage(), growth, || match op {
-            Op::KvPut { key, .. } => format!("the put of key {key:?}"),
-            Op::KvIncrement { key, .. } => format!("the increment of new key {key:?}"),
-            Op::Dispatcher(d) => d.to_string(),
-            other => other.to_string(),
-        })
-    }
-
-    /// Measures the records outside the key-value store (see `quota`).
-    fn measure_records(&mut self) {
-        let records = encoded_len(&(&self.sessions, &self.cluster, &self.dispatcher, &self.runs));
-        self.quota.measured(records);
-    }
-
-    fn apply_op(&mut self, op: &Op, now_ms: u64, changes: &mut Vec<Change>) -> CommandResult {
-        match op {
-            Op::KvPut {
-                key,
-                value,
-                overwrite,
-            } => self.kv.put(key, value, *overwrite, changes),
-            Op::KvDelete { key } => self.kv.delete(key, changes),
-            Op::KvIncrement { key, delta } => self.kv.increment(key, *delta, changes),
-            Op::Raw(op) => self.kv.apply_raw(op, changes),
-            Op::InitCluster {
-                config,
-                service_incarnation,
-            } => {
-                let cluster = self.cluster.get_or_insert_with(|| {
-                    changes.push(Change::ClusterInitialized);
-                    Cluster::new(config.clone(), *service_incarnation)
-                });
-                Ok(Output::Registered {
-                    service_incarnation: cluster.service_incarnation,
-                })
-            }
-            // The one place a dispatcher result becomes a command's result.
-            Op::Dispatcher(op) => self.dispatcher.apply(op).map(Output::Dispatcher),
-            Op::LegacyDispatch(op) => self
-                .dispatcher
-                .apply_legacy(op, now_ms)
-                .map(Output::Dispatcher),
-            Op::EndRun { .. } if self.cluster.is_none() => Err(OpError::NoCluster),
-            Op::EndRun { .. } => {
-                self.runs
-                    .end_run(self.cluster.as_mut(), &mut self.kv, changes);
-                Ok(Output::Done)
-            }
-            Op::SetQuota { bytes } => {
-                self.quota.bytes = *bytes;
-                self.measure_records();
-                Ok(Output::Done)
+            Op::DeclareNamespace { .. } | Op::DeleteNamespace { .. } => {
+                self.apply_to_namespaces(request, &cmd.op, now_ms, changes)
             }
             op => {
-                if let Op::RegisterTask { task, incarnation }
-                | Op::RegisterRecoverableTask { task, incarnation }
-                | Op::RegisterAtBarrier {
-                    task, incarnation, ..
-                } = op
-                {
-                    self.runs.before_registration(
-                        self.cluster.as_mut(),
-                        &mut self.kv,
-                        task,
-                        *incarnation,
-                        changes,
-                    );
-                }
-                self.apply_to_cluster(op, now_ms, changes)
+                let others = self.namespaces.usage();
+                self.default.apply_command(
+                    request,
+                    op,
+                    now_ms,
+                    changes,
+                    Around {
+                        others,
+                        ..Around::default()
+                    },
+                )
             }
         }
     }
 
-    fn apply_to_cluster(
+    /// A declaration or deletion, answered once per request like any command (its session is
+    /// the default namespace's: operators and sidecars declare from outside every namespace).
+    fn apply_to_namespaces(
         &mut self,
+        request: Option<&RequestId>,
         op: &Op,
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
-        match self.cluster.as_mut() {
-            None => Err(OpError::NoCluster),
-            Some(c) => {
-                let before = changes.len();
-                let result = apply_coordination(c, op, now_ms, changes);
-                if changes[before..]
-                    .iter()
-                    .any(|ch| matches!(ch, Change::TaskChanged { .. }))
-                {
-                    c.tasks_changed(changes);
-                    self.runs.after_task_changes(Some(c), &self.kv);
-                }
-                result
-            }
+        if let Some(previous) = request.and_then(|r| self.default.sessions.replay(r, now_ms)) {
+            return previous;
         }
+        let result = match op {
+            Op::DeclareNamespace {
+                namespace,
+                config,
+                limits,
+                service_incarnation,
+            } => self.namespaces.declare(
+                namespace,
+                config,
+                limits,
+                *service_incarnation,
+                now_ms,
+                changes,
+            ),
+            Op::DeleteNamespace { namespace } => self.namespaces.delete(namespace, changes),
+            other => Err(OpError::Status {
+                code: Code::Internal,
+                message: format!("{other} reached the namespaces"),
+            }),
+        };
+        self.default.quota.settle(self.usage());
+        if let Some(req) = request {
+            self.default.sessions.record(req, &result);
+        }
+        result
     }
-}
 
-/// The task and barrier commands; KV and cluster setup are handled by the caller.
-fn apply_coordination(
-    c: &mut Cluster,
-    op: &Op,
-    now_ms: u64,
-    changes: &mut Vec<Change>,
-) -> CommandResult {
-    match op {
-        Op::RegisterTask { task, incarnation } => c.register(task, *incarnation, false, changes),
-        Op::RegisterRecoverableTask { task, incarnation } => {
-            c.register(task, *incarnation, true, changes)
+    /// Bytes the whole state counts against the ensemble's quota.
+    pub fn usage(&self) -> u64 {
+        self.default.usage() + self.namespaces.usage()
+    }
+
+    /// The quota's refusal of `op` in the default namespace, if it would grow the state past the
+    /// quota.
+    pub fn quota_refusal(&self, op: &Op) -> Option<OpError> {
+        self.default
+            .refusal(op, self.namespaces.usage(), None, None)
+            .map(|(e, _)| e)
+    }
+
+    /// While an alarm of a bound `op` meets in namespace `ns` (`None`: the default) is up, that
+    /// bound's refusal of `op`: the leader's check before it proposes, so a writer past a bound
+    /// cannot grow the Raft log either. (A write to a namespace that does not exist is left to
+    /// apply, which refuses it.)
+    pub fn refusal_while_alarmed(&self, ns: Option<&str>, op: &Op) -> Option<OpError> {
+        let Some(name) = ns else {
+            return self
+                .default
+                .quota
+                .alarm
+                .then(|| self.quota_refusal(op))
+                .flatten();
+        };
+        let n = self.namespaces.get(name)?;
+        if !(n.space.quota.alarm || self.default.quota.alarm) {
+            return None;
         }
-        Op::RegisterAtBarrier {
-            task,
-            incarnation,
-            participants,
-        } => c.register_at_barrier(task, *incarnation, participants, now_ms, changes),
-        Op::GetAliveTasks { source, tasks } => c.get_alive_tasks(source, tasks, changes),
-        Op::ReportError {
-            task,
-            code,
-            message,
-        } => c.report_error(task, *code, message, changes),
-        Op::HeartbeatTimeout {
-            task,
-            incarnation,
-            silent_ms,
-        } => c.heartbeat_timeout(task, *incarnation, *silent_ms, changes),
-        Op::ResetTask { task } => c.reset(task, changes),
-        Op::ShutdownTask { task } => c.shutdown_task(task, now_ms, changes),
-        Op::WaitForAllTasks { task, devices } => c.wait_for_all(task, devices, now_ms, changes),
-        Op::Barrier {
-            id,
-            counter,
-            tasks,
-            timeout_ms,
-            source,
-        } => c.barrier(id, *counter, tasks, *timeout_ms, source, now_ms, changes),
-        Op::CancelBarrier {
-            id,
-            counter,
-            source,
-        } => c.cancel_barrier(id, *counter, source, changes),
-        Op::ExpireBarrier { id, counter } => c.expire_barrier(id, *counter, now_ms, changes),
-        Op::ShutdownService { reason } => c.shutdown_service(reason, changes),
-        Op::KvPut { .. }
-        | Op::KvDelete { .. }
-        | Op::KvIncrement { .. }
-        | Op::InitCluster { .. }
-        | Op::EndRun { .. }
-        | Op::LegacyDispatch(_)
-        | Op::Dispatcher(_)
-        | Op::SetQuota { .. }
-        | Op::Raw(_) => Err(OpError::Status {
-            code: Code::Internal,
-            message: format!("{op} reached the coordination dispatcher"),
-        }),
+        let others = self.usage() - n.space.usage();
+        n.space
+            .refusal(
+                op,
+                others,
+                Some(&self.default.quota),
+                Some((name, n.limits.max_keys)),
+            )
+            .map(|(e, _)| e)
+    }
+
+    /// The space of namespace `name` (`None`: the default one), if it exists.
+    pub fn space(&self, name: Option<&str>) -> Option<&Space> {
+        match name {
+            None => Some(&self.default),
+            Some(n) => self.namespaces.get(n).map(|ns| &ns.space),
+        }
     }
 }
 
@@ -337,7 +252,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::error::RequestId;
+    use crate::command::Output;
 
     fn cmd(client: u64, seq: u64, op: Op) -> Command {
         Command {

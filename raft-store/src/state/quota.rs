@@ -42,6 +42,14 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// A bound of `bytes` (0: none) on a state that holds nothing yet.
+    pub(crate) fn with_bound(bytes: u64) -> Self {
+        Self {
+            bytes,
+            ..Self::default()
+        }
+    }
+
     /// `Some(refusal)` if `growth` more bytes on top of `usage` would pass the quota. `what`
     /// names the write ("the put of key \"k\"").
     pub(crate) fn refusal(
@@ -57,6 +65,28 @@ impl Quota {
             code: Code::ResourceExhausted,
             message: format!(
                 "the replicated state holds {usage} bytes of its {}-byte quota (--quota-bytes): {} needs {growth} more and is refused; delete keys or raise the quota",
+                self.bytes,
+                what()
+            ),
+        })
+    }
+
+    /// `Some(refusal)` if `growth` more bytes on top of `usage` would pass this bound as the
+    /// byte limit of namespace `name`.
+    pub(crate) fn namespace_refusal(
+        &self,
+        name: &str,
+        usage: u64,
+        growth: u64,
+        what: impl FnOnce() -> String,
+    ) -> Option<OpError> {
+        if self.bytes == 0 || usage.saturating_add(growth) <= self.bytes {
+            return None;
+        }
+        Some(OpError::Status {
+            code: Code::ResourceExhausted,
+            message: format!(
+                "namespace {name:?} holds {usage} bytes, its limit is {} (max_bytes): {} needs {growth} more and is refused; delete keys or raise the limit",
                 self.bytes,
                 what()
             ),

@@ -8,10 +8,12 @@
 //! Format: a [`files`](super::files) frame with magic `COORDSNP` around the encoded
 //! [`SnapshotBody`]. Version 2 added the job's runs at the end of the state, version 3 per-task
 //! recoverability, version 4 TensorFlow's tf.data dispatcher, version 5 the memory quota, version
-//! 6 made the two dispatchers one and gave the store its raw key space (torch's keys); older
+//! 6 made the two dispatchers one and gave the store its raw key space (torch's keys), version 7
+//! added the named namespaces after the default namespace's records (see `state::namespaces`);
+//! older
 //! snapshots still read (as run 0, with no recoverable task, with an empty tf.data dispatcher,
 //! with no quota until the leader sets one, with their dispatchers made one by
-//! `dispatcher::legacy::convert`, with no raw key).
+//! `dispatcher::legacy::convert`, with no raw key, with no named namespace).
 //!
 //! - [`legacy`]: the older formats' layouts, frozen, and how each reads as today's state.
 //! - `tests`: every format still reads; damage is caught and never panics the reader.
@@ -23,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
-use crate::state::CoordState;
+use crate::state::{CoordState, Space};
 use crate::types::SnapshotMeta;
 
 use super::files;
@@ -31,7 +33,7 @@ use super::files;
 mod legacy;
 
 const MAGIC: &[u8; 8] = b"COORDSNP";
-const FORMAT_VERSION: u32 = 6;
+const FORMAT_VERSION: u32 = 7;
 const FILE_NAME: &str = "snapshot.bin";
 /// The base a restored replica starts from, beside the current snapshot: written by
 /// [`super::backup`], read here when there is no snapshot yet.
@@ -101,17 +103,23 @@ pub(crate) fn decode(bytes: &[u8], origin: &str) -> Result<SnapshotBody, Snapsho
                 codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
             return Ok(v5.into());
         }
+        Some(6) => {
+            let body = files::unframe(MAGIC, 6, bytes).map_err(corrupt)?;
+            let v6: legacy::SnapshotBodyV6 =
+                codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))?;
+            return Ok(v6.into());
+        }
         _ => {}
     }
     let body = files::unframe(MAGIC, FORMAT_VERSION, bytes).map_err(corrupt)?;
     codec::decode("snapshot", body).map_err(|e| corrupt(e.to_string()))
 }
 
-impl<S: Into<CoordState>> From<legacy::OldBody<S>> for SnapshotBody {
+impl<S: Into<Space>> From<legacy::OldBody<S>> for SnapshotBody {
     fn from(old: legacy::OldBody<S>) -> Self {
         SnapshotBody {
             meta: old.meta,
-            state: old.state.into(),
+            state: CoordState::from(old.state.into()),
         }
     }
 }

@@ -74,7 +74,7 @@ impl AdminService {
     /// The membership as this replica sees it (after a change, on the leader: the new one).
     fn members(&self) -> pb::MembershipReply {
         pb::MembershipReply {
-            members: ReplicaStatus::of(&self.raft, &self.core.reader)
+            members: ReplicaStatus::of(&self.raft, self.core.reader.all())
                 .to_proto()
                 .members,
         }
@@ -88,7 +88,7 @@ impl pb::admin_server::Admin for AdminService {
         _: tonic::Request<pb::StatusRequest>,
     ) -> Result<tonic::Response<pb::StatusReply>, tonic::Status> {
         Ok(tonic::Response::new(
-            ReplicaStatus::of(&self.raft, &self.core.reader).to_proto(),
+            ReplicaStatus::of(&self.raft, self.core.reader.all()).to_proto(),
         ))
     }
 
@@ -244,7 +244,7 @@ impl pb::admin_server::Admin for AdminService {
         req: tonic::Request<pb::SnapshotRequest>,
     ) -> Result<tonic::Response<pb::SnapshotReply>, tonic::Status> {
         self.not_a_task(&req, "Snapshot")?;
-        let applied = ReplicaStatus::of(&self.raft, &self.core.reader).last_applied;
+        let applied = ReplicaStatus::of(&self.raft, self.core.reader.all()).last_applied;
         self.raft
             .trigger()
             .snapshot()

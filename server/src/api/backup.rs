@@ -39,8 +39,10 @@ pub async fn take(
         .into());
     }
     core.read_index.linearize().await?;
+    // The whole state: every namespace.
     let (state, applied) = core
         .reader
+        .all()
         .read(|a| (a.state.clone(), a.last_applied.map_or(0, |l| l.index)));
     let (keys, revision) = (state.kv.len() as u64, state.kv.revision());
     let taken_at_ms = SystemTime::now()

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::CoordError;
 use crate::raft::leader::{LeaderWatch, Leadership};
+use crate::serve::apply_hub::ApplyHub;
 use crate::serve::kv::KvCore;
 use crate::serve::parked::Slot;
 use crate::serve::route::{Kind, Router};
@@ -22,7 +23,8 @@ use crate::serve::watch_hub::{EventKind, KvEvent, WatchHub};
 pub struct KvService {
     router: Arc<Router>,
     kv: Arc<KvCore>,
-    watches: Arc<WatchHub>,
+    /// Where each namespace's key changes are recorded for watches.
+    hub: Arc<ApplyHub>,
     leader: LeaderWatch,
     me: u64,
 }
@@ -31,14 +33,14 @@ impl KvService {
     pub fn new(
         router: Arc<Router>,
         kv: Arc<KvCore>,
-        watches: Arc<WatchHub>,
+        hub: Arc<ApplyHub>,
         leader: LeaderWatch,
         me: u64,
     ) -> Self {
         Self {
             router,
             kv,
-            watches,
+            hub,
             leader,
             me,
         }
@@ -105,7 +107,33 @@ impl KeyValue for KvService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<WatchStream>, Status> {
-        let req = req.into_inner();
+        // Not routed (a watch is served where it is opened): bound to its namespace here.
+        let ns = self.router.namespace_of(&req)?;
+        let exists = self
+            .kv
+            .reader
+            .all()
+            .read(|a| crate::serve::namespace::exists(a, &ns));
+        if !exists {
+            return Err(
+                CoordError::from(coord_raft_store::state::namespace_not_found(
+                    crate::serve::namespace::shown(&ns),
+                ))
+                .into(),
+            );
+        }
+        crate::serve::namespace::within(ns.clone(), self.watch_in(ns, req.into_inner())).await
+    }
+}
+
+impl KvService {
+    /// Serves a watch of namespace `ns` (the call is bound to it).
+    async fn watch_in(
+        &self,
+        ns: crate::serve::namespace::Ns,
+        req: pb::WatchRequest,
+    ) -> Result<Response<WatchStream>, Status> {
+        let watches = self.hub.watches_of(&ns);
         if self.leader.current() != Leadership::Me {
             // Watches are leader memory: send the client to the leader.
             return Err(CoordError::NotLeader {
@@ -120,14 +148,14 @@ impl KeyValue for KvService {
             .take()
             .ok_or_else(|| budget.refusal(&format!("Watch of key {key:?}")))?;
         // Subscribe before reading history, so no change falls between the two.
-        let mut live = self.watches.subscribe();
+        let mut live = watches.subscribe();
         let start = if req.start_revision == 0 {
             self.kv.read_index.linearize().await?;
             self.kv.reader.read(|a| a.state.kv.revision()) + 1
         } else {
             req.start_revision
         };
-        let backlog = self.watches.since(start, &key).map_err(|c| {
+        let backlog = watches.since(start, &key).map_err(|c| {
             Status::out_of_range(format!(
                 "watch of {key:?} from revision {start}: this leader keeps changes from revision {} on; read the current values and watch from there",
                 c.oldest
@@ -135,7 +163,7 @@ impl KeyValue for KvService {
         })?;
         let (tx, rx) = mpsc::channel(64);
         let leader = self.leader.clone();
-        let active = ActiveWatch::new(self.watches.clone(), slot);
+        let active = ActiveWatch::new(watches.clone(), slot);
         tokio::spawn(async move {
             let _active = active;
             let mut last = start - 1;

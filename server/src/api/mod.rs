@@ -12,6 +12,7 @@
 //! - [`tfdata`]: `tensorflow.data.DispatcherService`, as TensorFlow's tf.data workers and clients
 //!   speak it, over the same dispatcher.
 //! - [`admin`]: `coord.admin.Admin`: status, tasks, barriers, snapshots, membership.
+//! - [`namespaces`]: `coord.admin.Namespaces`: declaring, deleting and listing namespaces.
 //! - [`http`]: the HTTP port: health, readiness, status, metrics and the status page.
 //! - [`wire`]: conversions between TensorFlow's wire types and the state machine's.
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
@@ -43,6 +44,7 @@ pub mod coordination;
 pub mod dispatcher;
 pub mod http;
 pub mod kv;
+pub mod namespaces;
 pub mod oversized;
 pub mod payloads;
 pub mod raw_kv;

@@ -7,6 +7,8 @@
 //!   error, waits at a barrier or polls for errors *as another task* is refused
 //!   `PERMISSION_DENIED`, naming both. A task may not change the membership, take snapshots or
 //!   shut the service down.
+//! - A task certificate of a namespace (`coord://<ensemble>/ns/<name>/task/...`) acts only in
+//!   that namespace; one without acts only in the default namespace.
 //! - A certificate of another ensemble, or one without a coord identity, is refused.
 //! - A caller without a certificate (allowed with `--tls-client-auth optional`) is held to no
 //!   identity.
@@ -14,6 +16,7 @@
 //! Checks run on the replica the caller reached. A follower forwards an admitted call with its
 //! own replica certificate, and the leader trusts what a replica forwards.
 
+use crate::serve::namespace::{self, Ns};
 use coord_proto::tls::Identity;
 use tonic::{Request, Status};
 use x509_cert::der::oid::AssociatedOid;
@@ -135,6 +138,39 @@ impl Authz {
         )))
     }
 
+    /// The namespace a call acts in, given the one its `coord-namespace` header names: a task
+    /// certificate binds its own (a header naming another is refused PERMISSION_DENIED, so a task
+    /// of namespace A cannot act in B, nor in the default one); operators, replicas and callers
+    /// without TLS act in the one the header names (without TLS the sidecar that sets it is the
+    /// trusted party).
+    ///
+    /// `named` is `None` when the call has no header (`Some(None)`: it names the default one).
+    pub fn in_namespace<T>(&self, req: &Request<T>, named: Option<Ns>) -> Result<Ns, Status> {
+        let Caller::Known(Identity::Task { namespace: own, .. }) = self.caller(req)? else {
+            return Ok(named.flatten());
+        };
+        let own = namespace::parse(own.as_deref()).map_err(|s| {
+            Status::permission_denied(format!(
+                "the caller's task certificate names no valid namespace: {}",
+                s.message()
+            ))
+        })?;
+        match named {
+            None => Ok(own),
+            Some(named) if named == own => Ok(own),
+            Some(named) => Err(Status::permission_denied(format!(
+                "the call names namespace {:?}, but the caller's certificate is a task of namespace {:?}; a task acts only in its own namespace",
+                namespace::shown(&named),
+                namespace::shown(&own)
+            ))),
+        }
+    }
+
+    /// Whether the caller presented a task's certificate.
+    pub fn is_task<T>(&self, req: &Request<T>) -> bool {
+        matches!(self.caller(req), Ok(Caller::Known(Identity::Task { .. })))
+    }
+
     /// Refuses tasks: `what` is for operators and replicas.
     pub fn not_a_task<T>(&self, req: &Request<T>, what: &str) -> Result<(), Status> {
         match self.caller(req)? {
@@ -220,7 +256,8 @@ brOmZ/H7QVdJoF6d2zg=
             Ok(Identity::Task {
                 cluster: "coord".into(),
                 job: "worker".into(),
-                index: 0
+                index: 0,
+                namespace: None,
             })
         );
         let err = identity_of(b"not a certificate").expect_err("garbage");

@@ -128,6 +128,10 @@ pub struct Args {
     #[arg(long, default_value_t = 50_000, env = "COORD_MAX_PARKED_CALLS")]
     pub max_parked_calls: usize,
 
+    /// The limits of namespaces that leave them to the ensemble.
+    #[command(flatten)]
+    pub namespaces: crate::ops::namespace_flags::NamespaceFlags,
+
     /// The memory quota on the replicated state, in bytes (keys, values, task and dispatcher
     /// records; 0: none). Past it writes that grow the state fail RESOURCE_EXHAUSTED and an alarm
     /// is raised until deletes bring usage below 95% of it. At most 4 GiB. The leader's is in force.
@@ -161,7 +165,7 @@ pub struct Args {
 
     /// A coordinated job and its task count, `name=count` (repeat for each job), e.g.
     /// `--job worker=4 --job ps=2`.
-    #[arg(long = "job", value_parser = parse_job, value_delimiter = ',', env = "COORD_JOB")]
+    #[arg(long = "job", value_parser = coord_proto::shape::parse_job, value_delimiter = ',', env = "COORD_JOB")]
     pub jobs: Vec<(String, u32)>,
 
     /// A JSON file with the cluster configuration instead of the --job and timeout flags:
@@ -303,35 +307,6 @@ impl From<RaftLogArg> for coord_raft_store::storage::RaftLogEngine {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InitialCluster(pub BTreeMap<u64, String>);
 
-fn parse_job(s: &str) -> Result<(String, u32), String> {
-    let (name, count) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not of the form name=count"))?;
-    let name = name.trim();
-    if name.is_empty() {
-        return Err(format!("{s:?}: the job name is empty"));
-    }
-    let count: u32 = count
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?}: task count {count:?} is not a number"))?;
-    if count == 0 {
-        return Err(format!("{s:?}: a job needs at least one task"));
-    }
-    Ok((name.to_string(), count))
-}
-
-/// The cluster configuration file's shape (every field optional).
-#[derive(serde::Deserialize, Default)]
-#[serde(default, deny_unknown_fields)]
-struct ClusterFile {
-    jobs: BTreeMap<String, u32>,
-    heartbeat_timeout_ms: Option<u64>,
-    register_timeout_ms: Option<u64>,
-    shutdown_barrier_timeout_ms: Option<u64>,
-    recoverable_jobs: Vec<String>,
-}
-
 fn parse_initial_cluster(s: &str) -> Result<InitialCluster, String> {
     let mut members = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -415,10 +390,7 @@ impl Args {
             if !self.jobs.is_empty() || !self.recoverable_jobs.is_empty() {
                 return Err("give the jobs either with --job/--recoverable-job or in --cluster-config, not both".into());
             }
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--cluster-config {}: {e}", path.display()))?;
-            let file: ClusterFile = serde_json::from_str(&text)
-                .map_err(|e| format!("--cluster-config {}: {e}", path.display()))?;
+            let file = coord_proto::shape::ClusterFile::read(path)?;
             config.jobs = file.jobs;
             config.recoverable_jobs = file.recoverable_jobs.into_iter().collect();
             config.heartbeat_timeout_ms = file
@@ -486,112 +458,5 @@ impl std::fmt::Display for InitialCluster {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every flag has its `COORD_*` environment variable, named after it (as etcd has `ETCD_*`).
-    #[test]
-    fn every_flag_has_its_environment_variable() {
-        use clap::CommandFactory;
-        let command = Args::command();
-        let mut flags = 0;
-        for arg in command.get_arguments() {
-            let Some(long) = arg.get_long() else { continue };
-            if matches!(long, "help" | "version") {
-                continue;
-            }
-            let expected = format!("COORD_{}", long.to_uppercase().replace('-', "_"));
-            let env = arg.get_env().map(|e| e.to_string_lossy().to_string());
-            assert_eq!(env.as_deref(), Some(expected.as_str()), "--{long}");
-            flags += 1;
-        }
-        assert!(flags >= 40, "{flags} flags");
-    }
-
-    /// A flag given in the environment takes effect; the command line wins over it; list flags
-    /// take comma-separated values there.
-    #[test]
-    fn flags_are_read_from_the_environment() {
-        // The variables are read through clap's `env` lookup: set them for this process only
-        // (no other test of this binary reads COORD_* variables).
-        std::env::set_var("COORD_QUOTA_BYTES", "12345");
-        std::env::set_var("COORD_JOB", "worker=4,ps=2");
-        std::env::set_var("COORD_NO_PRE_APPEND", "true");
-        std::env::set_var("COORD_HEARTBEAT_MS", "70");
-        std::env::set_var("COORD_RAFT_LOG", "sled");
-        let base = [
-            "coordinator",
-            "--id",
-            "1",
-            "--listen",
-            "127.0.0.1:1",
-            "--http-listen",
-            "127.0.0.1:2",
-            "--initial-cluster",
-            "1=127.0.0.1:1",
-            "--data-dir",
-            "/tmp/x",
-            "--heartbeat-ms",
-            "60",
-        ];
-        let parsed = Args::try_parse_from(base);
-        for var in [
-            "COORD_QUOTA_BYTES",
-            "COORD_JOB",
-            "COORD_NO_PRE_APPEND",
-            "COORD_HEARTBEAT_MS",
-            "COORD_RAFT_LOG",
-        ] {
-            std::env::remove_var(var);
-        }
-        let args = parsed.expect("parse");
-        assert_eq!(args.quota_bytes, 12345);
-        assert_eq!(
-            args.jobs,
-            vec![("worker".to_string(), 4), ("ps".to_string(), 2)]
-        );
-        assert!(args.no_pre_append);
-        assert_eq!(args.raft_log, RaftLogArg::Sled);
-        assert_eq!(args.heartbeat_ms, 60, "the command line wins");
-    }
-
-    #[test]
-    fn parses_initial_cluster() {
-        let c = parse_initial_cluster("1=127.0.0.1:7101, 2=127.0.0.1:7102,3=h:1").expect("parse");
-        assert_eq!(c.0.len(), 3);
-        assert_eq!(c.0[&3], "h:1");
-        assert_eq!(c.to_string(), "1=127.0.0.1:7101,2=127.0.0.1:7102,3=h:1");
-    }
-
-    #[test]
-    fn rejects_bad_initial_cluster() {
-        for bad in [
-            "",
-            "1",
-            "x=h:1",
-            "1=h",
-            "1=h:notaport",
-            "1=h:1,1=h:2",
-            "1=:5",
-        ] {
-            assert!(parse_initial_cluster(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn parses_jobs() {
-        assert_eq!(parse_job("worker=4"), Ok(("worker".to_string(), 4)));
-        for bad in ["worker", "=3", "w=0", "w=x", "w=-1"] {
-            assert!(parse_job(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn cluster_id_depends_on_token_and_members() {
-        let a = parse_initial_cluster("1=h:1,2=h:2").expect("parse");
-        let b = parse_initial_cluster("1=h:1,2=h:3").expect("parse");
-        assert_eq!(a.cluster_id("t"), a.cluster_id("t"));
-        assert_ne!(a.cluster_id("t"), a.cluster_id("u"));
-        assert_ne!(a.cluster_id("t"), b.cluster_id("t"));
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,6 +1,7 @@
 //! What an operator sets and reads.
 //!
-//! - [`config`]: flags and their validation; [`identity`]: the check that a data directory is this
+//! - [`config`]: flags and their validation ([`namespace_flags`]: the limits namespaces get by
+//!   default); [`identity`]: the check that a data directory is this
 //!   replica's; [`data_lock`]: one replica process per data directory.
 //! - [`tls`], [`authz`]: TLS from the `--tls-*` flags; who a caller is, and what it may do;
 //!   [`replica_cert`]: the checks a replica's own certificate passes, at start and at reload;
@@ -16,6 +17,7 @@ pub mod data_lock;
 pub mod identity;
 pub mod limits;
 pub mod metrics;
+pub mod namespace_flags;
 pub mod process;
 pub mod replica_cert;
 pub mod request_id;

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use coord_proto::coord::admin::admin_server::AdminServer;
+use coord_proto::coord::admin::namespaces_server::NamespacesServer;
 use coord_proto::coord::coordination::coordination_server::CoordinationServer;
 use coord_proto::coord::dispatcher::dispatcher_server::DispatcherServer;
 use coord_proto::coord::kv::key_value_server::KeyValueServer;
@@ -22,6 +23,7 @@ use tonic::codec::CompressionEncoding;
 
 use crate::api::admin::AdminService;
 use crate::api::coordination::CoordService;
+use crate::api::namespaces::NamespacesService;
 use crate::ops::config::Args;
 use crate::ops::identity;
 use crate::ops::metrics::Metrics;
@@ -31,6 +33,7 @@ use crate::raft::peers::{PeerChannels, PEER_MESSAGE_LIMIT};
 use crate::raft::service::RaftService;
 use crate::serve::apply_hub::ApplyHub;
 use crate::serve::kv::{KvCore, Limits};
+use crate::serve::namespace::NsReader;
 use crate::serve::proposer::Proposer;
 use crate::serve::read_index::ReadIndex;
 use crate::serve::route::Router;
@@ -192,11 +195,12 @@ impl Replica {
                 blocking_calls: args.max_blocking_calls_per_client,
             }),
             authz,
+            reader.clone(),
         ));
         let kv = Arc::new(KvCore {
             proposer: proposer.clone(),
             read_index: read_index.clone(),
-            reader: reader.clone(),
+            reader: NsReader(reader.clone()),
             parked: hub.kv.clone(),
             limits: Limits {
                 max_key_bytes: args.max_key_bytes,
@@ -208,7 +212,7 @@ impl Replica {
         let coord = Arc::new(crate::serve::coordination::CoordCore {
             proposer: proposer.clone(),
             read_index: read_index.clone(),
-            reader: reader.clone(),
+            reader: NsReader(reader.clone()),
             hub: hub.clone(),
             heartbeats: heartbeats.clone(),
             devices: std::sync::Mutex::new(None),
@@ -370,7 +374,7 @@ impl Replica {
         let kv_svc = KeyValueServer::new(crate::api::kv::KvService::new(
             this.router.clone(),
             this.kv.clone(),
-            this.hub.watches.clone(),
+            this.hub.clone(),
             this.leader.clone(),
             this.args.id,
         ))
@@ -418,6 +422,11 @@ impl Replica {
             .add_service(tf)
             .add_service(xla)
             .add_service(admin)
+            .add_service(NamespacesServer::new(NamespacesService::new(
+                this.router.clone(),
+                &this.coord,
+                this.args.namespaces.defaults(),
+            )))
             .add_service(coordination)
             .add_service(kv_svc)
             .add_service(raw_svc)
@@ -536,7 +545,7 @@ impl Replica {
     }
 
     pub fn status(&self) -> status::ReplicaStatus {
-        status::ReplicaStatus::of(&self.raft, &self.kv.reader)
+        status::ReplicaStatus::of(&self.raft, self.kv.reader.all())
     }
 
     /// Hands leadership over (see `raft::handoff`).
@@ -559,7 +568,7 @@ impl Replica {
             lease_ms: self.args.election_timeout_max_ms,
             ready_max_lag: self.args.ready_max_lag,
             peers: self.peer_channels(),
-            reader: self.kv.reader.clone(),
+            reader: self.kv.reader.all().clone(),
             rpcs: self.metrics.clone(),
             proposer: self.kv.proposer.stats().clone(),
             read_index: self.kv.read_index.stats().clone(),

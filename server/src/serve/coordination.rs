@@ -18,25 +18,30 @@ use std::time::Duration;
 use coord_raft_store::state::{
     Cluster, Code, DeviceInfo, ErrorEvent, TaskName, TaskRecord, TaskState,
 };
-use coord_raft_store::storage::StateReader;
 use coord_raft_store::{Command, Op, OpError, Output, RequestId};
 
 use crate::error::CoordError;
 use crate::serve::apply_hub::ApplyHub;
 use crate::serve::heartbeats::Heartbeats;
+use crate::serve::namespace::{Ns, NsReader};
 use crate::serve::proposer::Proposer;
 use crate::serve::read_index::ReadIndex;
 
 pub struct CoordCore {
     pub proposer: Proposer,
     pub read_index: ReadIndex,
-    pub reader: StateReader,
+    /// Reads the namespace of the call.
+    pub reader: NsReader,
     pub hub: Arc<ApplyHub>,
     pub heartbeats: Arc<Heartbeats>,
-    /// Every task's devices as of an applied log index: when WaitForAllTasks releases thousands of
-    /// tasks at once they share one list instead of each walking every task record.
-    pub devices: std::sync::Mutex<Option<(u64, Arc<Vec<DeviceInfo>>)>>,
+    /// Every task's devices of a namespace as of an applied log index: when WaitForAllTasks
+    /// releases thousands of tasks at once they share one list instead of each walking every task
+    /// record.
+    pub devices: std::sync::Mutex<Option<DevicesAt>>,
 }
+
+/// A namespace's devices as of an applied log index.
+pub type DevicesAt = ((Ns, u64), Arc<Vec<DeviceInfo>>);
 
 pub(super) fn unexpected(what: &str, out: &Output) -> CoordError {
     CoordError::Internal(format!("{what} returned {out:?}"))

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use coord_raft_store::key::normalize_key;
-use coord_raft_store::storage::StateReader;
 use coord_raft_store::{Command, Op, Output, RequestId};
 
 use crate::error::CoordError;
 use crate::serve::apply_hub::KvWaiters;
+use crate::serve::namespace::{self, NsReader};
 use crate::serve::parked::Wake;
 use crate::serve::proposer::Proposer;
 use crate::serve::read_index::ReadIndex;
@@ -27,7 +27,8 @@ pub struct Limits {
 pub struct KvCore {
     pub proposer: Proposer,
     pub read_index: ReadIndex,
-    pub reader: StateReader,
+    /// Reads the namespace of the call.
+    pub reader: NsReader,
     pub parked: Arc<KvWaiters>,
     pub limits: Limits,
 }
@@ -99,9 +100,11 @@ impl KvCore {
     /// While the quota alarm is up, refuses a write the quota would refuse, before proposing it
     /// (the first refused write is committed: that raises the alarm on every replica).
     fn check_quota(&self, op: &Op) -> Result<(), CoordError> {
-        self.reader.read(|a| match a.state.quota.alarm {
-            true => a.state.quota_refusal(op).map_or(Ok(()), |e| Err(e.into())),
-            false => Ok(()),
+        let ns = namespace::current();
+        self.reader.all().read(|a| {
+            a.state
+                .refusal_while_alarmed(ns.as_deref(), op)
+                .map_or(Ok(()), |e| Err(e.into()))
         })
     }
 

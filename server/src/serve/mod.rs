@@ -1,11 +1,13 @@
 //! What a call does on the leader, whichever surface it came through.
 //!
 //! - [`route`]: runs every call on the leader: locally, or forwarded from a follower, and driven
-//!   again, with the same request id, when leadership moves.
+//!   again, with the same request id, when leadership moves; it binds the call to its
+//!   [`namespace`], which every layer below acts in.
 //! - [`kv`], [`coordination`], [`dispatcher`]: the semantics, written once for every surface
 //!   (the dispatcher's two surfaces, TensorFlow's and coord's, are thin adapters inside it);
 //!   [`raw_kv`]: the raw key space (torch's store keys), its limits and its waits.
-//! - [`proposer`]: writes batched into Raft entries; [`read_index`]: linearizable reads, batched.
+//! - [`proposer`]: writes batched into Raft entries; [`read_index`]: linearizable reads, batched;
+//!   [`write_rate`]: each namespace held to its write rate before its writes are proposed.
 //! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
 //!   key changes in the [`watch_hub`].
 //! - Leader duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`] (silent
@@ -19,6 +21,7 @@ pub mod coordination;
 pub mod dispatcher;
 pub mod heartbeats;
 pub mod kv;
+pub mod namespace;
 pub mod parked;
 pub mod proposer;
 pub mod quota;
@@ -26,3 +29,4 @@ pub mod raw_kv;
 pub mod read_index;
 pub mod route;
 pub mod watch_hub;
+pub mod write_rate;

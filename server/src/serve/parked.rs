@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
 use crate::error::CoordError;
+use crate::serve::namespace::{self, Ns};
 
 #[derive(Debug)]
 pub enum Wake<V> {
@@ -35,20 +36,35 @@ pub enum Wake<V> {
     LeaderLost,
 }
 
-/// The bound on parked calls and watch streams this replica holds, across all clients.
+/// The bound on parked calls and watch streams this replica holds, across all clients, and each
+/// namespace's own bound within it.
 pub struct ParkBudget {
     /// 0: no bound.
     max: usize,
     used: AtomicUsize,
     refused: AtomicU64,
+    /// Slots held per named namespace, and its bound (0: none but the whole budget's).
+    namespaces: Mutex<HashMap<Arc<str>, NamespaceSlots>>,
 }
 
-/// One parked call's or watch's place in the [`ParkBudget`]; given back when dropped.
-pub struct Slot(Arc<ParkBudget>);
+#[derive(Default, Clone, Copy)]
+struct NamespaceSlots {
+    used: usize,
+    max: usize,
+}
+
+/// One parked call's or watch's place in the [`ParkBudget`] (and in its namespace's share);
+/// given back when dropped.
+pub struct Slot(Arc<ParkBudget>, Ns);
 
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.used.fetch_sub(1, Ordering::Relaxed);
+        if let Some(ns) = &self.1 {
+            if let Some(n) = self.0.namespaces().get_mut(ns) {
+                n.used = n.used.saturating_sub(1);
+            }
+        }
     }
 }
 
@@ -58,22 +74,66 @@ impl ParkBudget {
             max,
             used: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            namespaces: Mutex::default(),
         })
     }
 
-    /// A slot, or `None` when every slot is taken (counted as a refusal).
+    fn namespaces(&self) -> MutexGuard<'_, HashMap<Arc<str>, NamespaceSlots>> {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets namespace `name`'s bound (0: none but the whole budget's); its slots in use stay.
+    pub fn set_namespace_bound(&self, name: &str, max: usize) {
+        self.namespaces().entry(Arc::from(name)).or_default().max = max;
+    }
+
+    /// Keeps the namespaces `keep` says to keep (the others were deleted).
+    pub fn retain_namespaces(&self, keep: impl Fn(&str) -> bool) {
+        self.namespaces().retain(|name, _| keep(name));
+    }
+
+    /// A slot for a call of the current namespace, or `None` when every slot is taken, or every
+    /// slot of its namespace (counted as a refusal).
     pub fn take(self: &Arc<Self>) -> Option<Slot> {
+        let ns = namespace::current();
+        if let Some(name) = &ns {
+            let mut all = self.namespaces();
+            let n = all.entry(name.clone()).or_default();
+            if n.max != 0 && n.used >= n.max {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            n.used += 1;
+        }
         let taken = self
             .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (self.max == 0 || n < self.max).then_some(n + 1)
             });
         match taken {
-            Ok(_) => Some(Slot(self.clone())),
+            Ok(_) => Some(Slot(self.clone(), ns)),
             Err(_) => {
+                if let Some(name) = &ns {
+                    if let Some(n) = self.namespaces().get_mut(name) {
+                        n.used = n.used.saturating_sub(1);
+                    }
+                }
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 None
             }
+        }
+    }
+
+    /// Slots the calls of namespace `ns` hold.
+    pub fn used_in(&self, ns: &Ns) -> usize {
+        match ns {
+            None => {
+                let named: usize = self.namespaces().values().map(|n| n.used).sum();
+                self.used().saturating_sub(named)
+            }
+            Some(name) => self.namespaces().get(name).map_or(0, |n| n.used),
         }
     }
 
@@ -91,8 +151,18 @@ impl ParkBudget {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// The error a refused `what` ("GetKeyValue of key \"k\"") answers: RESOURCE_EXHAUSTED.
+    /// The error a refused `what` ("GetKeyValue of key \"k\"") of the current namespace
+    /// answers: RESOURCE_EXHAUSTED, naming the bound it met.
     pub fn refusal(&self, what: &str) -> CoordError {
+        if let Some(name) = namespace::current() {
+            let n = self.namespaces().get(&name).copied().unwrap_or_default();
+            if n.max != 0 && n.used >= n.max {
+                return CoordError::ResourceExhausted(format!(
+                    "namespace {name:?} already holds {} parked calls and watches, its limit (max_parked {}); {what} refused, retry later",
+                    n.used, n.max
+                ));
+            }
+        }
         CoordError::ResourceExhausted(format!(
             "this leader already holds {} parked calls and watches, its bound across all clients (--max-parked-calls {}); {what} refused, retry later",
             self.used(),
@@ -121,7 +191,8 @@ pub struct WaitRegistry<K, V> {
 type Waiters<V> = Vec<(u64, oneshot::Sender<Wake<V>>)>;
 
 struct Inner<K, V> {
-    by_key: HashMap<K, Waiters<V>>,
+    /// Waiters by namespace and key: a call parks in the namespace it is bound to.
+    by_key: HashMap<(Ns, K), Waiters<V>>,
     next_id: u64,
     /// Bumped every time leadership is lost; a call that confirmed leadership in an older epoch
     /// may not park.
@@ -148,7 +219,7 @@ impl<K, V> WaitRegistry<K, V> {
 /// A registered waiter; dropping it (the call finished or was cancelled) unregisters it.
 pub struct Parked<K: Hash + Eq + Clone, V> {
     registry: Arc<WaitRegistry<K, V>>,
-    key: K,
+    key: (Ns, K),
     id: u64,
     rx: oneshot::Receiver<Wake<V>>,
 }
@@ -182,8 +253,9 @@ impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
         self.len() == 0
     }
 
-    /// Registers a waiter for `key`, unless leadership was lost since `epoch` or the budget is
-    /// spent. The caller's `slot` is taken on its first park and kept across re-parks.
+    /// Registers a waiter for `key` in the current namespace, unless leadership was lost since
+    /// `epoch` or the budget is spent. The caller's `slot` is taken on its first park and kept
+    /// across re-parks.
     pub fn park(
         self: &Arc<Self>,
         key: &K,
@@ -202,23 +274,32 @@ impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
         g.count += 1;
         self.parked.store(g.count, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
+        let key = (namespace::current(), key.clone());
         g.by_key.entry(key.clone()).or_default().push((id, tx));
         Ok(Parked {
             registry: self.clone(),
-            key: key.clone(),
+            key,
             id,
             rx,
         })
     }
 
-    /// Wakes every waiter of `key` with `value`.
+    /// Wakes every waiter of `key` in the default namespace with `value`.
     pub fn wake(&self, key: &K, value: &V) {
+        self.wake_in(&None, key, value);
+    }
+
+    /// Wakes every waiter of `key` in namespace `ns` with `value`.
+    pub fn wake_in(&self, ns: &Ns, key: &K, value: &V) {
         if self.is_empty() {
             return;
         }
         let waiters = {
             let mut g = self.lock();
-            let w = g.by_key.remove(key).unwrap_or_default();
+            let w = g
+                .by_key
+                .remove(&(ns.clone(), key.clone()))
+                .unwrap_or_default();
             g.count -= w.len();
             self.parked.store(g.count, Ordering::Relaxed);
             w
@@ -240,6 +321,30 @@ impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
             std::mem::take(&mut g.by_key)
         };
         for (_, tx) in waiters.into_values().flatten() {
+            let _ = tx.send(wake());
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> WaitRegistry<K, V> {
+    /// Sends `wake()` to every waiter of namespace `ns` (the leadership epoch stays).
+    pub fn wake_namespace(&self, ns: &Ns, wake: fn() -> Wake<V>) {
+        if self.is_empty() {
+            return;
+        }
+        let waiters: Vec<_> = {
+            let mut g = self.lock();
+            let keys: Vec<(Ns, K)> = g.by_key.keys().filter(|(n, _)| n == ns).cloned().collect();
+            let w: Vec<_> = keys
+                .iter()
+                .filter_map(|k| g.by_key.remove(k))
+                .flatten()
+                .collect();
+            g.count -= w.len();
+            self.parked.store(g.count, Ordering::Relaxed);
+            w
+        };
+        for (_, tx) in waiters {
             let _ = tx.send(wake());
         }
     }

@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::CoordError;
 use crate::raft::leader::LeaderWatch;
+use crate::serve::namespace;
 use crate::tasks::TaskGuard;
 
 /// At most this many commands go into one entry.
@@ -187,6 +188,8 @@ impl Proposer {
     /// duty's decision (a timeout, a collection), which the next leader makes again if this one
     /// is lost with its leadership.
     pub fn propose_decision(&self, op: Op) {
+        // Bound here: the spawned task is outside the call's namespace.
+        let op = namespace::bind_to(&namespace::current(), op);
         let proposer = self.clone();
         tokio::spawn(async move {
             let what = op.to_string();
@@ -196,9 +199,10 @@ impl Proposer {
         });
     }
 
-    /// Commits `command` through Raft and returns its result once applied on this (leader)
-    /// replica.
+    /// Commits `command` through Raft, in the current namespace, and returns its result once
+    /// applied on this (leader) replica.
     pub async fn propose(&self, command: Command) -> Result<CommandResult, CoordError> {
+        let command = namespace::bind(command);
         let started = Instant::now();
         let stats = &self.waits.stats;
         // Fast path: nothing is waiting and an entry slot is free, so there is nothing to batch

@@ -18,6 +18,7 @@ use coord_raft_store::{Command, Op, Output, RequestId};
 use crate::error::CoordError;
 use crate::serve::apply_hub::RawWaiters;
 use crate::serve::kv::KvCore;
+use crate::serve::namespace;
 use crate::serve::parked::{Slot, Wake};
 
 /// Longest raw key, torch's (`MAX_STRING_LEN` of its libuv server).
@@ -77,6 +78,7 @@ impl RawCore {
     /// proposing.
     fn admit(&self, op: &RawOp, new_keys: &[&Bytes]) -> Result<(), CoordError> {
         let max = self.kv.limits.max_keys;
+        let ns = namespace::current();
         self.kv.reader.read(|a| {
             let store = &a.state.kv;
             let count = (store.len() + store.raw().len()) as u64;
@@ -89,13 +91,10 @@ impl RawCore {
                     "the store holds {count} keys, its limit (--max-keys {max}); {op} refused"
                 )));
             }
-            match a.state.quota.alarm {
-                true => a
-                    .state
-                    .quota_refusal(&Op::Raw(op.clone()))
-                    .map_or(Ok(()), |e| Err(e.into())),
-                false => Ok(()),
-            }
+            a.applied
+                .state
+                .refusal_while_alarmed(ns.as_deref(), &Op::Raw(op.clone()))
+                .map_or(Ok(()), |e| Err(e.into()))
         })
     }
 

@@ -29,6 +29,9 @@ use coord_proto::metadata::RequestSession;
 
 use crate::ops::limits::{ClientKey, Limits};
 use crate::ops::request_id::{self, FORWARDED_HEADER};
+use crate::serve::namespace::{self, Ns};
+use crate::serve::write_rate::WriteRates;
+use coord_raft_store::storage::StateReader;
 
 /// How long before a caller's deadline its call is answered DEADLINE_EXCEEDED. tonic's server
 /// answers a call whose `grpc-timeout` expires CANCELLED, where gRPC (and TensorFlow's own
@@ -78,6 +81,10 @@ pub struct Router {
     metrics: Arc<Metrics>,
     limits: Arc<Limits>,
     authz: crate::ops::authz::Authz,
+    /// The applied state, to refuse a call to a namespace that does not exist.
+    reader: StateReader,
+    /// Each namespace's write rate, held where writes are proposed.
+    rates: WriteRates,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -94,6 +101,7 @@ const QUICK_FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 const FOREVER: Duration = Duration::from_secs(86_400 * 365);
 
 impl Router {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         me: u64,
         leader: LeaderWatch,
@@ -102,6 +110,7 @@ impl Router {
         channels: PeerChannels,
         limits: Arc<Limits>,
         authz: crate::ops::authz::Authz,
+        reader: StateReader,
     ) -> Self {
         Self {
             me,
@@ -112,6 +121,48 @@ impl Router {
             metrics,
             limits,
             authz,
+            reader,
+            rates: WriteRates::default(),
+        }
+    }
+
+    /// The namespace `req` acts in: over TLS a task certificate's own (a header naming another
+    /// is refused); else the `coord-namespace` header, which a forward from another replica
+    /// carries as that replica resolved it.
+    pub fn namespace_of<T>(&self, req: &Request<T>) -> Result<Ns, Status> {
+        let header = match req.metadata().get(coord_proto::metadata::NAMESPACE) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "header {} is not ASCII",
+                    coord_proto::metadata::NAMESPACE
+                ))
+            })?),
+        };
+        let named = header.map(|h| namespace::parse(Some(h))).transpose()?;
+        self.authz.in_namespace(req, named)
+    }
+
+    /// On the leader, before a call of a namespace is served: refuses it if the namespace does
+    /// not exist, and a write past the namespace's rate.
+    fn check_namespace(&self, kind: Kind) -> Result<(), CoordError> {
+        let Some(name) = namespace::current() else {
+            return Ok(());
+        };
+        let rate = self.reader.read(|a| {
+            a.state
+                .namespaces
+                .get(&name)
+                .map(|n| (n.limits.writes_per_sec, n.limits.write_burst))
+        });
+        match rate {
+            None => {
+                // A deleted namespace's name may come back fresh: with a full bucket.
+                self.rates.retain(|n| n != &*name);
+                Err(coord_raft_store::state::namespace_not_found(&name).into())
+            }
+            Some((per_sec, burst)) if kind == Kind::Write => self.rates.take(&name, per_sec, burst),
+            Some(_) => Ok(()),
         }
     }
 
@@ -188,6 +239,13 @@ impl Router {
                 }
             }
         };
+        let ns = match self.namespace_of(&req).and_then(|ns| served_in(method, ns)) {
+            Ok(ns) => ns,
+            Err(s) => {
+                self.metrics.record_rpc(method, s.code(), started.elapsed());
+                return Err(s);
+            }
+        };
         // jaxlib's and TensorFlow's clients fail on an UNAVAILABLE; coord's try another replica.
         let patient = surface_of_agents_that_never_retry(method)
             && !req
@@ -199,19 +257,19 @@ impl Router {
             patient,
             forwarded,
         };
-        let result = match caller_deadline(&req) {
+        let deadline = caller_deadline(&req);
+        // Everything the call does, here or on the leader, acts in its namespace.
+        let driven = namespace::within(ns, self.drive(call, req, local, remote));
+        let result = match deadline {
             // Answered before the transport's own timer fires, which would answer CANCELLED.
-            Some(d) => tokio::time::timeout(
-                d.saturating_sub(DEADLINE_MARGIN),
-                self.drive(call, req, local, remote),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(Status::deadline_exceeded(format!(
-                    "{method}: the caller's deadline ({d:?}) expired before the call completed"
-                )))
-            }),
-            None => self.drive(call, req, local, remote).await,
+            Some(d) => tokio::time::timeout(d.saturating_sub(DEADLINE_MARGIN), driven)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(format!(
+                        "{method}: the caller's deadline ({d:?}) expired before the call completed"
+                    )))
+                }),
+            None => driven.await,
         };
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record_rpc(method, code, started.elapsed());
@@ -258,7 +316,10 @@ impl Router {
                     // If leadership lapses mid-call, the outcome is left to the log and the call is
                     // driven again (same request id) wherever leadership went.
                     let outcome = tokio::select! {
-                        r = local(msg.clone(), id) => r,
+                        r = async {
+                            self.check_namespace(kind)?;
+                            local(msg.clone(), id).await
+                        } => r,
                         () = self.leader.lost() => Err(CoordError::LeaderChanged),
                     };
                     match outcome {
@@ -371,6 +432,12 @@ impl Router {
         if let Some(id) = &id {
             request_id::to_metadata(id, req.metadata_mut());
         }
+        if let Some(ns) = namespace::current() {
+            if let Ok(v) = ns.parse() {
+                req.metadata_mut()
+                    .insert(coord_proto::metadata::NAMESPACE, v);
+            }
+        }
         remote(channel, req).await.map(Response::into_inner)
     }
 
@@ -381,6 +448,25 @@ impl Router {
             }
         }
         s
+    }
+}
+
+/// `ns`, if `method` is served in it. tf.data's dispatcher keeps leader memory (workers, clients)
+/// and leader duties of its own that know no namespace yet, so it is served in the default
+/// namespace only, and a call of it bound to another is refused rather than served in the
+/// default one.
+///
+/// The calls that manage namespaces name the one they act on, and run outside every namespace.
+fn served_in(method: &str, ns: Ns) -> Result<Ns, Status> {
+    if method.starts_with("namespaces/") {
+        return Ok(None);
+    }
+    let dispatcher = method.starts_with("tfdata/") || method.starts_with("dispatcher/");
+    match &ns {
+        Some(name) if dispatcher => Err(Status::unimplemented(format!(
+            "{method}: the tf.data dispatcher is served in the default namespace only, not yet in namespace {name:?}"
+        ))),
+        _ => Ok(ns),
     }
 }
 

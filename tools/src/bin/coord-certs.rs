@@ -29,6 +29,10 @@ struct Cli {
     /// The ensemble's name: the replicas' --cluster-token.
     #[arg(long, global = true, default_value = "coord")]
     cluster: String,
+    /// The namespace the task certificates made belong to (`coord://<ensemble>/ns/<name>/task/
+    /// ...`): such a task acts only in that namespace. Without it, they act in the default one.
+    #[arg(long, global = true)]
+    namespace: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -111,6 +115,7 @@ fn run(cli: Cli) -> Result<(), String> {
         cluster: cluster.clone(),
         job: job.to_string(),
         index,
+        namespace: cli.namespace.clone(),
     };
     match cli.command {
         Cmd::Ensemble {

@@ -23,6 +23,10 @@
 //! coordctl dispatcher jobs           # tf.data jobs: mode, clients, tasks, split position
 //! coordctl dispatcher workers
 //! coordctl dispatcher journal        # one line per dispatcher update
+//! coordctl ns create job-7 --job worker=4  # a namespace for one training job
+//! coordctl ns list                   # every namespace: usage against its limits
+//! coordctl -n job-7 tasks            # any command, in namespace job-7
+//! coordctl ns delete job-7
 //! coordctl -o json tasks             # JSON for scripts (kv watch: one JSON object per line)
 //! coordctl completion bash           # a completion script: bash, zsh, fish (README: "Operate")
 //! ```
@@ -33,13 +37,14 @@
 //! `{"error": {"code", "message"}}` on stderr.
 //!
 //! Modules, bottom up: `output` (tables, JSON, a failure's exit code), then one per subcommand
-//! with subcommands of its own (`kv`, `snapshot`, `dispatcher`); the rest is here.
+//! with subcommands of its own (`kv`, `snapshot`, `dispatcher`, `ns`); the rest is here.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 mod dispatcher;
 mod kv;
+mod ns;
 mod output;
 mod snapshot;
 
@@ -68,6 +73,9 @@ struct Cli {
     /// Output format.
     #[arg(short, long, value_enum, default_value = "table", global = true)]
     output: Output,
+    /// The namespace every command acts in (kubectl's habit; default: the replicas' own).
+    #[arg(short, long, env = "COORD_NAMESPACE", global = true)]
+    namespace: Option<String>,
     #[command(flatten)]
     tls: coord_agent::tls::TlsArgs,
     #[command(subcommand)]
@@ -99,6 +107,9 @@ enum Cmd {
     /// The tf.data dispatcher: jobs, workers, journal.
     #[command(subcommand)]
     Dispatcher(dispatcher::DispatcherCmd),
+    /// Namespaces: one per training job, each with its own keys, tasks and limits.
+    #[command(subcommand)]
+    Ns(ns::NsCmd),
     /// Health check of one replica over its HTTP port (`/readyz`, or `/livez` with --live):
     /// exit 0 if healthy, 1 if not. For container health checks (images without curl).
     Health {
@@ -155,6 +166,7 @@ async fn main() -> ExitCode {
         Err(e) => return fail(&Status::invalid_argument(e), cli.output),
     };
     options.unavailable_after = Duration::from_secs(cli.timeout_secs);
+    options.namespace = cli.namespace.clone();
     let client = match CoordClient::new(options) {
         Ok(c) => c,
         Err(e) => return fail(&e, cli.output),
@@ -169,6 +181,7 @@ async fn main() -> ExitCode {
         Cmd::Member(cmd) => member(&client, cmd, out).await,
         Cmd::Run(RunCmd::End { reason }) => end_run(&client, &reason, out).await,
         Cmd::Dispatcher(cmd) => dispatcher::run(&client, cmd, out).await,
+        Cmd::Ns(cmd) => ns::run(&client, cmd, out).await,
         Cmd::Health { http, live } => Ok(health(&http, if live { "/livez" } else { "/readyz" })),
         Cmd::Completion { .. } => Ok(ExitCode::SUCCESS),
     };

@@ -4,8 +4,8 @@
 //! A replica upgraded in place, or a backup taken by an older build, hands [`super::decode`] the
 //! bytes an older build wrote; every format ever written must keep reading. Each struct here is
 //! frozen: it spells the fields of its format, in their order (bincode has no field names), and
-//! is never changed once a newer format exists. A state of an older format becomes a
-//! [`CoordState`] with what it lacked left empty: format 1 as run 0, formats 1 and 2 with no
+//! is never changed once a newer format exists. A state of an older format becomes the default
+//! namespace's [`Space`] of a state with no named namespace, with what it lacked left empty: format 1 as run 0, formats 1 and 2 with no
 //! recoverable task, formats up to 3 with an empty tf.data dispatcher of TensorFlow's, formats up
 //! to 4 with no quota until the leader sets one, and all of them with no raw key (torch's) in the
 //! store. Their two dispatchers, coord's and TensorFlow's, become one
@@ -20,8 +20,8 @@ use crate::dispatcher::legacy::{
     convert, coord::DispatcherState as Dispatcher, tf::TfDataState as TfData,
 };
 use crate::state::{
-    AliveQueries, Barriers, Cluster, ClusterConfig, CoordState, ErrorFeed, JobRuns,
-    KvStoreBeforeRaw as KvStore, Quota, SessionTable, TaskRegistry,
+    AliveQueries, Barriers, Cluster, ClusterConfig, ErrorFeed, JobRuns,
+    KvStoreBeforeRaw as KvStore, Quota, SessionTable, Space, TaskRegistry,
 };
 use crate::types::SnapshotMeta;
 
@@ -43,6 +43,9 @@ pub(super) type SnapshotBodyV3 = OldBody<StateV3>;
 pub(super) type SnapshotBodyV4 = OldBody<StateV4>;
 /// A snapshot of format 5: two dispatchers, and no raw key space in the store.
 pub(super) type SnapshotBodyV5 = OldBody<StateV5>;
+/// A snapshot of format 6: the default namespace's records alone, encoded as today's [`Space`]
+/// (formats since encode it first, then the named namespaces).
+pub(super) type SnapshotBodyV6 = OldBody<Space>;
 
 /// The cluster of formats 1 and 2: without per-task recoverability.
 #[derive(Deserialize)]
@@ -79,7 +82,7 @@ pub(super) struct StateV1 {
     dispatcher: Dispatcher,
 }
 
-impl From<StateV1> for CoordState {
+impl From<StateV1> for Space {
     fn from(v1: StateV1) -> Self {
         let StateV1 {
             kv,
@@ -87,7 +90,7 @@ impl From<StateV1> for CoordState {
             cluster,
             dispatcher,
         } = v1;
-        CoordState {
+        Space {
             kv: kv.into(),
             sessions,
             cluster: cluster.map(Cluster::from),
@@ -107,7 +110,7 @@ pub(super) struct StateV2 {
     runs: JobRuns,
 }
 
-impl From<StateV2> for CoordState {
+impl From<StateV2> for Space {
     fn from(v2: StateV2) -> Self {
         let StateV2 {
             kv,
@@ -116,7 +119,7 @@ impl From<StateV2> for CoordState {
             dispatcher,
             runs,
         } = v2;
-        CoordState {
+        Space {
             kv: kv.into(),
             sessions,
             cluster: cluster.map(Cluster::from),
@@ -136,7 +139,7 @@ pub(super) struct StateV3 {
     runs: JobRuns,
 }
 
-impl From<StateV3> for CoordState {
+impl From<StateV3> for Space {
     fn from(v3: StateV3) -> Self {
         let StateV3 {
             kv,
@@ -145,7 +148,7 @@ impl From<StateV3> for CoordState {
             dispatcher,
             runs,
         } = v3;
-        CoordState {
+        Space {
             kv: kv.into(),
             sessions,
             cluster,
@@ -166,7 +169,7 @@ pub(super) struct StateV4 {
     tfdata: TfData,
 }
 
-impl From<StateV4> for CoordState {
+impl From<StateV4> for Space {
     fn from(v4: StateV4) -> Self {
         let StateV4 {
             kv,
@@ -176,7 +179,7 @@ impl From<StateV4> for CoordState {
             runs,
             tfdata,
         } = v4;
-        CoordState {
+        Space {
             kv: kv.into(),
             sessions,
             cluster,
@@ -198,7 +201,7 @@ pub(super) struct StateV5 {
     quota: Quota,
 }
 
-impl From<StateV5> for CoordState {
+impl From<StateV5> for Space {
     fn from(v5: StateV5) -> Self {
         let StateV5 {
             kv,
@@ -209,7 +212,7 @@ impl From<StateV5> for CoordState {
             tfdata,
             quota,
         } = v5;
-        CoordState {
+        Space {
             kv: kv.into(),
             sessions,
             cluster,

@@ -136,7 +136,7 @@ fn a_format_2_snapshot_reads_with_no_recoverable_task() {
     .expect("encode");
     let read = decode(&files::frame(MAGIC, 2, &v2), "v2").expect("a format-2 snapshot reads");
     assert_eq!(read.state, without_quota(&b.state));
-    let cluster = read.state.cluster.expect("the cluster");
+    let cluster = read.state.default.cluster.expect("the cluster");
     assert!(cluster.recoverable_tasks.is_empty());
     assert_eq!(
         cluster
@@ -149,10 +149,9 @@ fn a_format_2_snapshot_reads_with_no_recoverable_task() {
 
 /// What a snapshot from before the quota reads as: the state with no quota set.
 fn without_quota(state: &CoordState) -> CoordState {
-    CoordState {
-        quota: Default::default(),
-        ..state.clone()
-    }
+    let mut state = state.clone();
+    state.quota = Default::default();
+    state
 }
 
 /// A snapshot written before the memory quota (format 4) reads with no quota, and its store
@@ -411,4 +410,84 @@ fn raw_keys_round_trip_in_the_current_format() {
     assert_eq!(read.state.kv.raw().get(b"//a"), Some(&key("1")));
     assert_eq!(read.state.kv.raw().queue_len(b"/q"), 1);
     assert_eq!(read.state.kv.bytes(), b.state.kv.bytes());
+}
+
+/// A snapshot written before namespaces (format 6) reads as the default namespace, with no
+/// named one; the default namespace's bytes are the same in both formats.
+#[test]
+fn a_format_6_snapshot_reads_as_the_default_namespace() {
+    use crate::command::Op;
+    let mut b = body();
+    applied(
+        &mut b,
+        vec![Op::KvPut {
+            key: "k".into(),
+            value: bytes::Bytes::from("v"),
+            overwrite: false,
+        }],
+    );
+    #[derive(Serialize)]
+    struct V6<'a> {
+        meta: &'a SnapshotMeta,
+        state: &'a crate::state::Space,
+    }
+    let v6 = codec::encode(
+        "snapshot",
+        &V6 {
+            meta: &b.meta,
+            state: &b.state.default,
+        },
+    )
+    .expect("encode");
+    let read = decode(&files::frame(MAGIC, 6, &v6), "v6").expect("reads");
+    assert_eq!(read.state, b.state);
+    assert!(read.state.namespaces.is_empty());
+    let today = codec::encode("snapshot", &b).expect("encode");
+    assert!(
+        today.starts_with(&v6),
+        "format 7 begins with format 6's bytes"
+    );
+}
+
+/// Named namespaces, with their keys, jobs and limits, survive the current format.
+#[test]
+fn namespaces_round_trip_in_the_current_format() {
+    use crate::command::Op;
+    use crate::state::{ClusterConfig, NamespaceLimits};
+    let mut b = body();
+    let limits = NamespaceLimits {
+        max_keys: 10,
+        ..NamespaceLimits::default()
+    };
+    applied(
+        &mut b,
+        vec![
+            Op::DeclareNamespace {
+                namespace: "a".into(),
+                config: ClusterConfig {
+                    jobs: [("worker".to_string(), 2)].into_iter().collect(),
+                    ..ClusterConfig::default()
+                },
+                limits,
+                service_incarnation: 5,
+            },
+            Op::InNamespace {
+                namespace: "a".into(),
+                op: Box::new(Op::KvPut {
+                    key: "k".into(),
+                    value: bytes::Bytes::from("in a"),
+                    overwrite: false,
+                }),
+            },
+        ],
+    );
+    let read = decode(&encode(&b).expect("encode"), "v7").expect("reads");
+    assert_eq!(read.state, b.state);
+    let a = read.state.namespaces.get("a").expect("namespace a");
+    assert_eq!(a.limits, limits);
+    assert_eq!(
+        a.space.kv.get("k").map(|e| e.value.clone()),
+        Some(bytes::Bytes::from("in a"))
+    );
+    assert!(read.state.kv.get("k").is_none(), "the default has no k");
 }

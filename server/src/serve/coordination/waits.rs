@@ -15,11 +15,11 @@ use coord_raft_store::state::{
     alive_set_key, alive_wait_key, AliveAnswer, Code, DeviceInfo, ErrorEvent, Outcome, TaskName,
     TaskRecord, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
 };
-use coord_raft_store::storage::Applied;
 use coord_raft_store::{Op, OpError, Output, RequestId};
 
 use super::{unexpected, CoordCore};
 use crate::error::CoordError;
+use crate::serve::namespace::{self, View};
 use crate::serve::parked::{Slot, WaitRegistry, Wake};
 
 impl CoordCore {
@@ -246,7 +246,10 @@ impl CoordCore {
                 .cluster
                 .as_ref()
                 .ok_or(CoordError::from(OpError::NoCluster))?;
-            let at = a.last_applied.map_or(0, |l| l.index);
+            let at = (
+                namespace::current(),
+                a.applied.last_applied.map_or(0, |l| l.index),
+            );
             let mut cache = self
                 .devices
                 .lock()
@@ -391,7 +394,7 @@ impl CoordCore {
         epoch: u64,
         mut slot: Option<Slot>,
         what: impl FnOnce() -> String,
-        check: impl Fn(&Applied) -> Option<R>,
+        check: impl Fn(View<'_>) -> Option<R>,
     ) -> Result<R, CoordError>
     where
         K: Hash + Eq + Clone,
