@@ -54,6 +54,9 @@ pub struct LimitArgs {
     /// Writes at once above the rate.
     #[arg(long = "namespace-write-burst", default_value_t = 0)]
     pub namespace_write_burst: u64,
+    /// Deleted this long after its last command once no task is connected.
+    #[arg(long = "namespace-ttl-ms", default_value_t = 0)]
+    pub namespace_ttl_ms: u64,
 }
 
 impl ShapeArgs {
@@ -108,7 +111,7 @@ impl LimitArgs {
             max_parked: self.namespace_max_parked,
             writes_per_sec: self.namespace_writes_per_sec,
             write_burst: self.namespace_write_burst,
-            ttl_ms: 0,
+            ttl_ms: self.namespace_ttl_ms,
         }
     }
 }

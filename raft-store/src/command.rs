@@ -197,6 +197,12 @@ pub enum Op {
     DeleteNamespace {
         namespace: String,
     },
+    /// The leader saw namespace `namespace` idle past its TTL since `idle_since_ms` (its last
+    /// command) with no task connected: deleted, unless it was used since. Appended last.
+    ExpireNamespace {
+        namespace: String,
+        idle_since_ms: u64,
+    },
 }
 
 impl fmt::Display for Op {
@@ -256,6 +262,7 @@ impl fmt::Display for Op {
                 config.task_count()
             ),
             Op::DeleteNamespace { namespace } => write!(f, "delete_namespace({namespace:?})"),
+            Op::ExpireNamespace { namespace, .. } => write!(f, "expire_namespace({namespace:?})"),
         }
     }
 }

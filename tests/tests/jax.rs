@@ -194,7 +194,7 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
     ) else {
         return;
     };
-    const N: usize = 4;
+    const N: usize = FAILOVER_TASKS;
     let mut cluster = ensemble(N, &["--heartbeat-timeout-ms", "20000"]);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let endpoints = cluster.endpoints();
@@ -253,9 +253,18 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let out = reader.join().unwrap_or_default();
+    assert_failover_log(code, &out, &killed);
+}
+
+/// The tasks `xla_failover.py` runs.
+const FAILOVER_TASKS: usize = 4;
+
+/// What `xla_failover.py` must have printed: every task exited 0 with no error, each increment
+/// applied once, both blocking gets, barriers, counter and live nodes as without a kill.
+fn assert_failover_log(code: Option<i32>, out: &str, killed: &[u64]) {
     assert_eq!(code, Some(0), "{out}");
-    let log = parse(&out);
-    for task in 0..N as u64 {
+    let log = parse(out);
+    for task in 0..FAILOVER_TASKS as u64 {
         let exit = log
             .iter()
             .find(|e| e["task"] == task && e.get("exit").is_some())
@@ -267,7 +276,7 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
         errors.is_empty(),
         "errors after killing leaders {killed:?}: {errors:#?}"
     );
-    let mut increments: Vec<i64> = (0..N as u64)
+    let mut increments: Vec<i64> = (0..FAILOVER_TASKS as u64)
         .map(|t| {
             entry(&log, t, "increment")["ok"]
                 .as_i64()
@@ -279,7 +288,7 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
     for op in ["get_go1", "get_go2"] {
         assert_eq!(entry(&log, 0, op)["ok"], "go", "{out}");
     }
-    for task in 0..N as u64 {
+    for task in 0..FAILOVER_TASKS as u64 {
         for op in ["barrier1", "barrier2", "barrier_after", "shutdown"] {
             assert_eq!(
                 entry(&log, task, op)["ok"],
@@ -414,4 +423,94 @@ async fn jax_over_tls_with_a_certificate_per_task(release: JaxRelease) {
         })
         .sum();
     assert!(refusals >= N, "{refusals} refused registrations counted");
+}
+
+/// Two JAX jobs at once, each through sidecars of its own namespace, with the same job, task ids,
+/// keys and barrier ids: each gets what it gets alone (each increment once, its own counter),
+/// through a leader kill under both jobs' barriers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_jax_jobs_in_two_namespaces_through_leader_kills() {
+    let test = "two_jax_jobs_in_two_namespaces_through_leader_kills";
+    let Some(jax) = jax_or_skip(test, coord_tests::jax::JAX_0_10) else {
+        return;
+    };
+    const N: usize = FAILOVER_TASKS;
+    let mut cluster = ensemble(N, &["--heartbeat-timeout-ms", "20000"]);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let endpoints = cluster.endpoints();
+    let mut jobs = Vec::new();
+    for ns in ["jax-a", "jax-b"] {
+        let flags: Vec<String> = [
+            "--namespace",
+            ns,
+            "--job",
+            "jax=4",
+            "--heartbeat-timeout-ms",
+            "20000",
+            "--shutdown-barrier-timeout-ms",
+            "60000",
+        ]
+        .map(String::from)
+        .to_vec();
+        let sidecars: Vec<Sidecar> = (0..N)
+            .map(|_| Sidecar::start_with(&endpoints, &flags))
+            .collect();
+        let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
+        let mut options = ClientOptions::new(endpoints.clone());
+        options.namespace = Some(ns.to_string());
+        let client = CoordClient::new(options).expect("client");
+        let mut script = jax.spawn("xla_failover.py", &addrs);
+        let mut stdout = script.child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+            s
+        });
+        jobs.push((sidecars, client, script, reader));
+    }
+    let mut killed = Vec::new();
+    for phase in 1..=2 {
+        for (_, client, ..) in &jobs {
+            let arrived: Vec<String> = (1..N).map(|t| format!("arrived{phase}/{t}")).collect();
+            wait_keys(client, &arrived).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+        eprintln!("phase {phase}: kill -9 leader {leader} under both jobs' barriers");
+        cluster.kill(leader);
+        killed.push(leader);
+        let new_leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+        for (_, client, ..) in &jobs {
+            client
+                .insert(
+                    &format!("go/{phase}"),
+                    bytes::Bytes::from_static(b"go"),
+                    false,
+                )
+                .await
+                .expect("release task 0");
+        }
+        if phase == 1 {
+            cluster.spawn(leader);
+            let applied = cluster.status(new_leader).map_or(0, |s| s.last_applied);
+            cluster
+                .wait_applied(leader, applied, Duration::from_secs(60))
+                .await;
+        }
+    }
+    for (_, _, mut script, reader) in jobs {
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        let code = loop {
+            if let Ok(Some(s)) = script.child.try_wait() {
+                break s.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the JAX processes did not finish"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let out = reader.join().unwrap_or_default();
+        assert_failover_log(code, &out, &killed);
+    }
 }

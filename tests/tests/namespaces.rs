@@ -331,8 +331,8 @@ async fn state_bytes(c: &mut Cluster) -> u64 {
     read(c)[0].1
 }
 
-/// Namespaces survive a snapshot and a restart of every replica; a delete is one entry that gives
-/// the memory back; the name then comes back as a fresh namespace.
+/// Namespaces survive a snapshot and a restart of every replica, and a backup and restore; a
+/// delete is one entry that gives the memory back; the name then comes back as a fresh namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_survive_restarts_and_a_delete_gives_their_memory_back() {
     let mut c = Cluster::start(ClusterOptions::default());
@@ -378,6 +378,28 @@ async fn namespaces_survive_restarts_and_a_delete_gives_their_memory_back() {
     declare(&ops, "gone", workers(3), NamespaceLimits::default()).await;
     assert_eq!(gone.try_get("g/0").await.expect("try get"), None);
     assert_eq!(keep.get("k").await.expect("kept"), Bytes::from("kept"));
+
+    // A backup holds every namespace, and a new ensemble restored from it has them.
+    let (_, backup) = ops.backup().await.expect("backup");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("backup.bin");
+    std::fs::write(&file, &backup).expect("write the backup");
+    drop(c);
+    let mut restored = Cluster::start(ClusterOptions {
+        extra_args: vec!["--restore".into(), file.display().to_string()],
+        ..ClusterOptions::default()
+    });
+    restored.wait_for_leader(TIMEOUT).await;
+    let names: Vec<String> = client(&restored, None)
+        .list_namespaces()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["default", "gone", "keep"]);
+    let keep = client(&restored, Some("keep"));
+    assert_eq!(keep.get("k").await.expect("restored"), Bytes::from("kept"));
 }
 
 /// Over TLS a task certificate names its namespace: the task acts there and nowhere else,
@@ -454,4 +476,48 @@ async fn a_task_certificate_acts_only_in_its_own_namespace() {
         resp.tasks[0].state,
         tf::CoordinatedTaskState::TaskstateDisconnected as i32
     );
+}
+
+/// A namespace with a TTL is deleted once it has had no command for that long with no task
+/// connected; one whose task is still connected stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_namespace_is_deleted_after_its_ttl() {
+    let mut c = Cluster::start(ClusterOptions::default());
+    c.wait_for_leader(TIMEOUT).await;
+    let ops = client(&c, None);
+    let ttl = NamespaceLimits {
+        ttl_ms: 1_500,
+        ..NamespaceLimits::default()
+    };
+    declare(&ops, "brief", workers(1), ttl).await;
+    declare(&ops, "busy", workers(1), ttl).await;
+    let (brief, busy) = (client(&c, Some("brief")), client(&c, Some("busy")));
+    for cl in [&brief, &busy] {
+        cl.register_task(&task(0), 1).await.expect("register");
+    }
+    brief.reset_task(&task(0)).await.expect("reset");
+    let started = tokio::time::Instant::now();
+    loop {
+        let names: Vec<String> = ops
+            .list_namespaces()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        if !names.iter().any(|n| n == "brief") {
+            assert!(names.iter().any(|n| n == "busy"), "{names:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "brief outlived its TTL: {names:?}"
+        );
+        // The connected task keeps its namespace (heartbeats are not commands).
+        busy.heartbeat(&task(0), 1).await.expect("heartbeat");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(1_400));
+    let err = brief.get("k").await.expect_err("gone");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
 }

@@ -152,6 +152,55 @@ async fn status_page_shows_replicas_tasks_and_barriers() {
         .collect();
     assert_eq!(marked.len(), 1, "{table}");
     assert!(marked[0].contains("<td>Leader</td>"), "{table}");
+    // The namespaces, and one opened: its own tasks.
+    let mut options = ClientOptions::new(cluster.endpoints());
+    options.namespace = Some("job-7".into());
+    client
+        .declare_namespace(coord_proto::coord::admin::DeclareNamespaceRequest {
+            name: "job-7".into(),
+            shape: Some(coord_proto::coord::admin::NamespaceShape {
+                jobs: [("trainer".to_string(), 2)].into_iter().collect(),
+                heartbeat_timeout_ms: 60_000,
+                ..Default::default()
+            }),
+            limits: None,
+        })
+        .await
+        .expect("declare");
+    let in_ns = CoordClient::new(options).expect("client");
+    let trainer = tf::CoordinatedTask {
+        job_name: "trainer".into(),
+        task_id: 1,
+        recoverable: false,
+    };
+    in_ns
+        .register_task(&trainer, 1)
+        .await
+        .expect("register in job-7");
+    let page = format!("{page}?namespace=job-7");
+    for _ in 0..20 {
+        let out = Command::new(&chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .arg("--virtual-time-budget=5000")
+            .arg("--dump-dom")
+            .arg(&page)
+            .stderr(Stdio::null())
+            .output()
+            .expect("run chromium");
+        dom = String::from_utf8_lossy(&out.stdout).into_owned();
+        if dom.contains("data-task=\"/job:trainer/task:1\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tag_with(&dom, "data-namespace", "default");
+    assert!(tag_with(&dom, "data-namespace", "job-7").contains("class=\"shown\""));
+    let tag = tag_with(&dom, "data-task", "/job:trainer/task:1");
+    assert!(tag.contains("data-state=\"CONNECTED\""), "{tag}");
+    assert!(
+        !dom.contains("data-task=\"/job:worker/task:0\""),
+        "only job-7's tasks"
+    );
     // Kept beside the build for a person to look at.
     let kept = coord_tests::cluster::profile_dir().join("status-page.png");
     if std::fs::copy(&shot, &kept).is_ok() {

@@ -297,3 +297,48 @@ async fn torchrun_trains_through_two_leader_kills() {
         "the same weights as without kills, and no restart"
     );
 }
+
+/// Two torchrun jobs on one ensemble, each through its own sidecar in its own namespace, with the
+/// same run id (so the same rendezvous keys): each trains to the result it gets alone, through a
+/// leader kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_torchrun_jobs_with_one_run_id_in_two_namespaces() {
+    let Some(torch) = Torch::or_skip("two_torchrun_jobs_with_one_run_id_in_two_namespaces") else {
+        return;
+    };
+    const STEPS: u64 = 200;
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let sidecar = |ns: &str| StoreSidecar::start_with(&cluster.endpoints(), &["--namespace", ns]);
+    let alone = sidecar("alone");
+    let mut reference = Launched::start(&torch, &torchrun_args(&alone.store, "shared", STEPS));
+    assert_eq!(
+        reference.finish(Duration::from_secs(300)),
+        Some(0),
+        "{}",
+        reference.seen.join("\n")
+    );
+    let (_, expected) = reference.steps_and_result();
+
+    let (a, b) = (sidecar("job-a"), sidecar("job-b"));
+    let mut jobs = [
+        Launched::start(&torch, &torchrun_args(&a.store, "shared", STEPS)),
+        Launched::start(&torch, &torchrun_args(&b.store, "shared", STEPS)),
+    ];
+    jobs[0].wait_for("step 60 ", Duration::from_secs(240));
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    cluster.kill(leader);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    cluster.spawn(leader);
+    for job in &mut jobs {
+        assert_eq!(
+            job.finish(Duration::from_secs(300)),
+            Some(0),
+            "{}",
+            job.seen.join("\n")
+        );
+        let (steps, result) = job.steps_and_result();
+        assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "every step once");
+        assert_eq!(result, expected, "the result it gets alone");
+    }
+}

@@ -139,7 +139,9 @@ impl CoordState {
                     outside,
                 )
             }
-            Op::DeclareNamespace { .. } | Op::DeleteNamespace { .. } => {
+            Op::DeclareNamespace { .. }
+            | Op::DeleteNamespace { .. }
+            | Op::ExpireNamespace { .. } => {
                 self.apply_to_namespaces(request, &cmd.op, now_ms, changes)
             }
             op => {
@@ -185,6 +187,10 @@ impl CoordState {
                 changes,
             ),
             Op::DeleteNamespace { namespace } => self.namespaces.delete(namespace, changes),
+            Op::ExpireNamespace {
+                namespace,
+                idle_since_ms,
+            } => self.namespaces.expire(namespace, *idle_since_ms, changes),
             other => Err(OpError::Status {
                 code: Code::Internal,
                 message: format!("{other} reached the namespaces"),

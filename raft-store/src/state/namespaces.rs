@@ -21,6 +21,7 @@ use super::coordination::Cluster;
 use super::namespace_limits::{name_problem, NamespaceLimits, DEFAULT_NAMESPACE};
 use super::quota::Quota;
 use super::space::{Around, Space};
+use super::tasks::TaskState;
 use crate::command::{CommandResult, Op, Output};
 use crate::error::{Code, OpError, RequestId};
 
@@ -33,6 +34,27 @@ pub struct Namespace {
     pub config: ClusterConfig,
     /// Proposal time of its declaration.
     pub created_at_ms: u64,
+    /// Proposal time of its last command (its declaration, at first): its TTL counts from here
+    /// once no task of it is connected.
+    pub last_active_ms: u64,
+}
+
+impl Namespace {
+    /// No task of its job is connected.
+    pub fn no_task_connected(&self) -> bool {
+        self.space
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.tasks.count_in(TaskState::Connected) == 0)
+    }
+
+    /// Whether its TTL has run out at `now_ms`: it has one, no task is connected, and it has had
+    /// no command for that long.
+    pub fn expired_at(&self, now_ms: u64) -> bool {
+        self.limits.ttl_ms > 0
+            && self.no_task_connected()
+            && now_ms.saturating_sub(self.last_active_ms) >= self.limits.ttl_ms
+    }
 }
 
 /// Every named namespace, by name.
@@ -116,6 +138,7 @@ impl Namespaces {
             return Err(not_found(name));
         };
         let others = total - ns.space.usage();
+        ns.last_active_ms = ns.last_active_ms.max(now_ms);
         let mut inner = Vec::new();
         let result = ns.space.apply_command(
             request,
@@ -198,6 +221,7 @@ impl Namespaces {
                 limits: *limits,
                 config: config.clone(),
                 created_at_ms: now_ms,
+                last_active_ms: now_ms,
             },
         );
         changes.push(Change::NamespaceDeclared {
@@ -223,6 +247,28 @@ impl Namespaces {
             namespace: name.to_string(),
         });
         Ok(Output::Done)
+    }
+}
+
+impl Namespaces {
+    /// Deletes namespace `name` if it is still idle since `idle_since_ms` with no task
+    /// connected (the leader saw its TTL run out); a namespace used since stays.
+    pub(crate) fn expire(
+        &mut self,
+        name: &str,
+        idle_since_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        let Some(ns) = self.map.get(name) else {
+            return Err(not_found(name));
+        };
+        if ns.last_active_ms != idle_since_ms || !ns.no_task_connected() || ns.limits.ttl_ms == 0 {
+            return Err(OpError::Status {
+                code: Code::FailedPrecondition,
+                message: format!("namespace {name:?} was used since it was seen idle; kept"),
+            });
+        }
+        self.delete(name, changes)
     }
 }
 

@@ -426,3 +426,50 @@ fn an_empty_namespace_is_small() {
         "an empty namespace of 16 tasks takes {bytes} bytes"
     );
 }
+
+#[test]
+fn a_namespace_expires_only_idle_since_the_leader_saw_it_with_no_task_connected() {
+    let mut s = CoordState::default();
+    let mut changes = Vec::new();
+    let mut at = |s: &mut CoordState, ms: u64, op: Op| {
+        s.apply(
+            &Proposal::new(ms, vec![Command { request: None, op }]),
+            &mut changes,
+        )
+        .remove(0)
+    };
+    let limits = NamespaceLimits {
+        ttl_ms: 1_000,
+        ..NamespaceLimits::default()
+    };
+    assert!(at(&mut s, 1_000, declare("t", workers(1), limits)).is_ok());
+    let register = Op::RegisterTask {
+        task: TaskName::new("worker", 0),
+        incarnation: 1,
+    };
+    assert!(at(&mut s, 2_000, within("t", register)).is_ok());
+    let ns = s.namespaces.get("t").expect("t");
+    assert!(!ns.expired_at(10_000), "a connected task keeps it");
+    let expire = |since| Op::ExpireNamespace {
+        namespace: "t".into(),
+        idle_since_ms: since,
+    };
+    assert_eq!(
+        code(&at(&mut s, 10_000, expire(2_000))),
+        Some(Code::FailedPrecondition)
+    );
+    let shutdown = Op::ResetTask {
+        task: TaskName::new("worker", 0),
+    };
+    assert!(at(&mut s, 3_000, within("t", shutdown)).is_ok());
+    let ns = s.namespaces.get("t").expect("t");
+    assert!(!ns.expired_at(3_500) && ns.expired_at(4_000));
+    // Seen idle since 3,000, but used again at 3,900: kept.
+    assert!(at(&mut s, 3_900, within("t", put("k", "v"))).is_ok());
+    assert_eq!(
+        code(&at(&mut s, 4_000, expire(3_000))),
+        Some(Code::FailedPrecondition)
+    );
+    assert!(at(&mut s, 5_000, expire(3_900)).is_ok());
+    assert!(s.namespaces.is_empty());
+}

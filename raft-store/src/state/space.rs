@@ -272,12 +272,13 @@ impl Space {
                 self.measure_records();
                 Ok(Output::Done)
             }
-            Op::InNamespace { .. } | Op::DeclareNamespace { .. } | Op::DeleteNamespace { .. } => {
-                Err(OpError::Status {
-                    code: Code::InvalidArgument,
-                    message: format!("{op} is an op of the ensemble, not of one namespace"),
-                })
-            }
+            Op::InNamespace { .. }
+            | Op::DeclareNamespace { .. }
+            | Op::DeleteNamespace { .. }
+            | Op::ExpireNamespace { .. } => Err(OpError::Status {
+                code: Code::InvalidArgument,
+                message: format!("{op} is an op of the ensemble, not of one namespace"),
+            }),
             op => {
                 if let Op::RegisterTask { task, incarnation }
                 | Op::RegisterRecoverableTask { task, incarnation }
@@ -378,7 +379,8 @@ fn apply_coordination(
         | Op::Raw(_)
         | Op::InNamespace { .. }
         | Op::DeclareNamespace { .. }
-        | Op::DeleteNamespace { .. } => Err(OpError::Status {
+        | Op::DeleteNamespace { .. }
+        | Op::ExpireNamespace { .. } => Err(OpError::Status {
             code: Code::Internal,
             message: format!("{op} reached the coordination dispatcher"),
         }),

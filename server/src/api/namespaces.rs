@@ -109,6 +109,7 @@ fn above(asked: &NamespaceLimits, defaults: &NamespaceLimits) -> Vec<&'static st
             asked.writes_per_sec,
             defaults.writes_per_sec,
         ),
+        ("ttl_ms", asked.ttl_ms, defaults.ttl_ms),
     ]
     .into_iter()
     .filter(|(_, a, d)| over(*a, *d))

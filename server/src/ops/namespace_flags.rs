@@ -51,6 +51,14 @@ pub struct NamespaceFlags {
         env = "COORD_NAMESPACE_WRITE_BURST"
     )]
     pub namespace_write_burst: u64,
+    /// A namespace is deleted this long after its last command once no task of it is connected
+    /// and nothing of it is parked (0: kept until deleted; the default namespace is never).
+    #[arg(
+        long = "namespace-ttl-ms",
+        default_value_t = 86_400_000,
+        env = "COORD_NAMESPACE_TTL_MS"
+    )]
+    pub namespace_ttl_ms: u64,
 }
 
 impl NamespaceFlags {
@@ -63,7 +71,7 @@ impl NamespaceFlags {
             max_parked: self.namespace_max_parked,
             writes_per_sec: self.namespace_writes_per_sec,
             write_burst: self.namespace_write_burst,
-            ttl_ms: 0,
+            ttl_ms: self.namespace_ttl_ms,
         }
     }
 }

@@ -249,6 +249,15 @@ impl Replica {
             ),
         );
         tasks.spawn(
+            "namespace-ttl",
+            crate::serve::namespace_ttl::run(
+                leader.clone(),
+                reader.clone(),
+                proposer.clone(),
+                hub.clone(),
+            ),
+        );
+        tasks.spawn(
             "heartbeat-check",
             crate::serve::heartbeats::check(
                 heartbeats,

@@ -11,7 +11,8 @@
 //! - [`apply_hub`]: where applied changes reach the server; it wakes [`parked`] calls and records
 //!   key changes in the [`watch_hub`].
 //! - Leader duties: [`cluster_init`] (the first leader sets the cluster up), [`heartbeats`] (silent
-//!   tasks go to ERROR), [`barrier_timer`] (barrier deadlines), [`quota`] (its `--quota-bytes`
+//!   tasks go to ERROR), [`barrier_timer`] (barrier deadlines), [`namespace_ttl`] (idle
+//!   namespaces deleted), [`quota`] (its `--quota-bytes`
 //!   put in force).
 
 pub mod apply_hub;
@@ -22,6 +23,7 @@ pub mod dispatcher;
 pub mod heartbeats;
 pub mod kv;
 pub mod namespace;
+pub mod namespace_ttl;
 pub mod parked;
 pub mod proposer;
 pub mod quota;

@@ -6,7 +6,8 @@
 //! [`tasks`], [`chaos`], [`crash`], [`dispatcher`], [`rendezvous`], [`rolling`] (graceful rolling
 //! restarts against kill -9), [`tfdata`] (TensorFlow's own
 //! workers and reader on coord's and TF's dispatchers), [`torch`] (torch's TCPStore through
-//! coord-proxy against torch's own store); [`failover_report`] prints a leader-kill
+//! coord-proxy against torch's own store), [`namespaces`] (many jobs and a noisy one on one
+//! ensemble); [`failover_report`] prints a leader-kill
 //! measurement for `kv` and `failover` alike.
 
 pub mod agent_failover;
@@ -20,6 +21,7 @@ pub mod failover;
 pub mod failover_report;
 pub mod kv;
 pub mod load;
+pub mod namespaces;
 pub mod rendezvous;
 pub mod rolling;
 pub mod tasks;

@@ -9,7 +9,7 @@
 //!
 //! This binary is only the command line: each subcommand runs a module of `coord_tests::bench`
 //! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`, `rolling`,
-//! `tfdata`, `torch`).
+//! `tfdata`, `torch`, `namespaces`).
 
 /// The clients of both systems allocate a lot per call; glibc's malloc took a fifth of the
 /// benchmark process's CPU, which the servers on this shared machine then lacked.
@@ -18,7 +18,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 use coord_tests::bench::{
-    agent_failover, chaos, crash, dispatcher, kv, rendezvous, rolling, tasks, tfdata, torch,
+    agent_failover, chaos, crash, dispatcher, kv, namespaces, rendezvous, rolling, tasks, tfdata,
+    torch,
 };
 
 #[derive(Parser)]
@@ -62,6 +63,10 @@ enum Cmd {
     /// init_process_group's store traffic for thousands of ranks, torchrun's start to its first
     /// step, and the stall a torch client sees across a leader kill.
     Torch(torch::Args),
+    /// Many jobs on one ensemble, each in its own namespace, beside a noisy namespace writing as
+    /// fast as it can: the quiet jobs' barrier p99 with and without it, the noisy one's rate,
+    /// the state an empty namespace takes.
+    Namespaces(namespaces::Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -153,6 +158,12 @@ async fn main() {
         }
         Cmd::Tfdata(args) => {
             if let Err(e) = tfdata::run(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Namespaces(args) => {
+            if let Err(e) = namespaces::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

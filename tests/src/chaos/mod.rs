@@ -39,6 +39,8 @@ pub mod workload;
 pub struct Endpoints {
     pub endpoints: Vec<String>,
     pub tls: Option<ClientTls>,
+    /// The namespace the clients act in (`None`: the default one).
+    pub namespace: Option<String>,
 }
 
 impl Endpoints {
@@ -50,6 +52,15 @@ impl Endpoints {
                 let pki = cluster.pki();
                 pki.client(Some(&pki.client_identity("chaos")))
             }),
+            namespace: None,
+        }
+    }
+
+    /// The same replicas, with the clients acting in namespace `name`.
+    pub fn in_namespace(&self, name: &str) -> Self {
+        Self {
+            namespace: Some(name.to_string()),
+            ..self.clone()
         }
     }
 
@@ -58,6 +69,7 @@ impl Endpoints {
         let mut o = ClientOptions::new(self.endpoints.clone());
         o.unavailable_after = unavailable_after;
         o.tls = self.tls.clone();
+        o.namespace = self.namespace.clone();
         CoordClient::new(o).expect("client")
     }
 }

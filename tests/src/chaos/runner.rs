@@ -94,8 +94,10 @@ impl RunReport {
     }
 }
 
-/// The replicas' flags in a chaos run: job `b` for the barrier tasks, `reg` for the registration
-/// client, heartbeats off (the clients do not send them).
+/// The replicas' flags in a chaos run: job `b` (the barrier tasks' job, which never registers, so
+/// the default namespace's run never ends: the key-value clients' keys stay), `reg` for the
+/// registration client, heartbeats off (the clients do not send them). The barrier tasks
+/// themselves run in the named namespace ([`NAMED`]), declared with the same job.
 pub fn chaos_cluster_args() -> Vec<String> {
     [
         "--job",
@@ -107,6 +109,29 @@ pub fn chaos_cluster_args() -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// The named namespace of a run's barrier tasks and raw-key clients (see `workload::start`),
+/// declared with the barrier tasks' job.
+pub const NAMED: &str = "chaos";
+
+/// Declares [`NAMED`] on the ensemble; the clients of `target` in it.
+async fn declare_named(target: &super::Endpoints) -> super::Endpoints {
+    let shape = coord_proto::coord::admin::NamespaceShape {
+        jobs: [("b".to_string(), 3)].into_iter().collect(),
+        heartbeat_timeout_ms: 3_600_000,
+        ..Default::default()
+    };
+    target
+        .client(Duration::from_secs(30))
+        .declare_namespace(coord_proto::coord::admin::DeclareNamespaceRequest {
+            name: NAMED.into(),
+            shape: Some(shape),
+            limits: None,
+        })
+        .await
+        .expect("declare the run's named namespace");
+    target.in_namespace(NAMED)
 }
 
 /// Who is down or frozen, so that targets resolve to replicas that can be hit.
@@ -272,8 +297,15 @@ pub async fn run(options: &RunOptions) -> RunReport {
     });
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let target = super::Endpoints::of(&cluster, options.tls);
+    let named = declare_named(&target).await;
     let history = Arc::new(History::default());
-    let mut load = workload::start(&target, history.clone(), options.seed, &options.workload);
+    let mut load = workload::start(
+        &target,
+        &named,
+        history.clone(),
+        options.seed,
+        &options.workload,
+    );
 
     let mut anomalies = Vec::new();
     let mut faults = Faults {
@@ -332,7 +364,7 @@ pub async fn run(options: &RunOptions) -> RunReport {
         recovery::check(&calls, healed_us, stopping_us, recovery::BOUND)
     };
     anomalies.extend(recovered.anomalies);
-    anomalies.extend(super::raw_clients::finish(&target, &history, &load.raw).await);
+    anomalies.extend(super::raw_clients::finish(&named, &history, &load.raw).await);
 
     // Read every key at the end: an acknowledged write that was lost makes the key's history
     // non-linearizable.

@@ -79,8 +79,12 @@ impl Workload {
     }
 }
 
+/// Starts the clients: the key-value and registration clients on `target`, the barrier tasks and
+/// the raw-key clients on `named` (the same replicas, in a named namespace), so that every run
+/// spreads its clients over two namespaces.
 pub fn start(
     target: &Endpoints,
+    named: &Endpoints,
     history: Arc<History>,
     seed: u64,
     options: &WorkloadOptions,
@@ -105,7 +109,7 @@ pub fn start(
     }
     for t in 0..options.barrier_tasks {
         let (cl, h, stop) = (
-            target.client(options.unavailable_after),
+            named.client(options.unavailable_after),
             history.clone(),
             stop.clone(),
         );
@@ -126,7 +130,7 @@ pub fn start(
         handles.push(tokio::spawn(registration_client(cl, h, stop, seed)));
     }
     let raw = raw_clients::start(
-        target,
+        named,
         &history,
         &stop,
         options.raw_clients,

@@ -287,6 +287,7 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Keys in the key-value store.",
         keys as f64,
     );
+    super::ns_metrics::write(&mut out, &r.reader, &r.hub.budget);
     crate::ops::process::render(&mut out);
     let _ = writeln!(out);
     (

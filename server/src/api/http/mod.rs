@@ -3,10 +3,11 @@
 //!
 //! The port sees a replica only through [`Observed`], which [`crate::replica`] builds: what it
 //! reads, and nothing it could change. Modules, bottom up: `observed`, then the handlers
-//! (`health`, [`metrics`], [`page`]); this module only routes.
+//! (`health`, [`metrics`] with `ns_metrics`, [`page`]); this module only routes.
 
 mod health;
 mod metrics;
+mod ns_metrics;
 mod observed;
 mod page;
 

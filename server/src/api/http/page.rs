@@ -1,5 +1,6 @@
 //! The status page: a person leaves it open during a training run; it refreshes itself from
-//! `/api/overview`, which shows every replica's own view, and the tasks and open barriers as the
+//! `/api/overview`, which shows every replica's own view, every namespace with its usage, and the
+//! tasks and open barriers of one namespace (`?namespace=NAME`; the default one without) as the
 //! leader has them.
 
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use coord_proto::coord::admin::admin_client::AdminClient;
+use coord_proto::coord::admin::namespaces_client::NamespacesClient;
+use coord_proto::coord::admin::ListNamespacesRequest;
 
 use super::observed::{status_of, Observed};
 
@@ -26,6 +29,9 @@ pub(super) struct Overview {
     me: u64,
     leader: Option<u64>,
     replicas: Vec<ReplicaRow>,
+    /// The namespace whose tasks and barriers are shown (`None`: the default one).
+    namespace: Option<String>,
+    namespaces: Vec<NamespaceLine>,
     tasks: Vec<TaskCell>,
     barriers: Vec<BarrierLine>,
     /// Why tasks or barriers could not be read (no leader, ...), for the page's banner.
@@ -61,6 +67,16 @@ struct TaskCell {
 }
 
 #[derive(serde::Serialize)]
+struct NamespaceLine {
+    name: String,
+    tasks: u64,
+    connected: u64,
+    keys: u64,
+    bytes: u64,
+    parked: u64,
+}
+
+#[derive(serde::Serialize)]
 struct BarrierLine {
     id: String,
     counter: i64,
@@ -71,7 +87,21 @@ struct BarrierLine {
 
 /// Everything the status page shows: every replica's own view, and the tasks and open barriers
 /// as the leader has them (asked through this replica's own gRPC port, which routes there).
-pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
+pub(super) async fn overview(
+    State(s): State<Arc<Observed>>,
+    uri: axum::http::Uri,
+) -> Json<Overview> {
+    // Namespace names need no decoding: letters, digits, '-', '_' and '.'.
+    let namespace = uri
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("namespace=")))
+        .filter(|n| !n.is_empty() && *n != "default")
+        .map(str::to_string);
+    let in_namespace = |req: &mut tonic::metadata::MetadataMap| {
+        if let Some(v) = namespace.as_deref().and_then(|n| n.parse().ok()) {
+            req.insert(coord_proto::metadata::NAMESPACE, v);
+        }
+    };
     let me = s.status();
     let mut views = Vec::new();
     for m in &me.members {
@@ -129,12 +159,35 @@ pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
     let mut problem = None;
     let mut tasks = Vec::new();
     let mut barriers = Vec::new();
+    let mut namespaces = Vec::new();
     let own = loopback(s.listen);
     match s.peers.get(&own) {
         Ok(ch) => {
+            let mut ns_client = NamespacesClient::new(ch.clone());
+            let mut req = tonic::Request::new(ListNamespacesRequest {});
+            req.set_timeout(Duration::from_secs(2));
+            match ns_client.list(req).await {
+                Ok(r) => {
+                    namespaces = r
+                        .into_inner()
+                        .namespaces
+                        .into_iter()
+                        .map(|n| NamespaceLine {
+                            name: n.name,
+                            tasks: n.tasks,
+                            connected: n.connected_tasks,
+                            keys: n.keys,
+                            bytes: n.bytes,
+                            parked: n.parked,
+                        })
+                        .collect()
+                }
+                Err(e) => problem = Some(format!("namespaces: {}", e.message())),
+            }
             let mut client = AdminClient::new(ch);
             let mut req = tonic::Request::new(coord_proto::coord::admin::TasksRequest {});
             req.set_timeout(Duration::from_secs(2));
+            in_namespace(req.metadata_mut());
             match client.tasks(req).await {
                 Ok(r) => {
                     tasks = r
@@ -155,6 +208,7 @@ pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
             }
             let mut req = tonic::Request::new(coord_proto::coord::admin::BarriersRequest {});
             req.set_timeout(Duration::from_secs(2));
+            in_namespace(req.metadata_mut());
             match client.barriers(req).await {
                 Ok(r) => {
                     barriers = r
@@ -179,6 +233,8 @@ pub(super) async fn overview(State(s): State<Arc<Observed>>) -> Json<Overview> {
         me: me.id,
         leader: leader_id.or(me.leader_id),
         replicas,
+        namespace,
+        namespaces,
         tasks,
         barriers,
         problem,

@@ -81,11 +81,18 @@ impl XlaService {
         }
     }
 
-    /// The XLA job's name and task count, from the replicated configuration.
+    /// The XLA job's name and task count, from the replicated configuration. In a named
+    /// namespace, `--xla-job` counts only if the namespace has that job; otherwise its first job is
+    /// the XLA job (a jaxlib job has one).
     fn job(&self) -> Result<(String, u32), CoordError> {
+        let named = crate::serve::namespace::current().is_some();
         let found = self.coord.reader.read(|a| {
             let c: &Cluster = a.state.cluster.as_ref()?;
-            let (name, n) = match &self.job {
+            let flagged = self
+                .job
+                .as_ref()
+                .filter(|j| !named || c.config.jobs.contains_key(*j));
+            let (name, n) = match flagged {
                 Some(j) => (j.clone(), c.config.jobs.get(j).copied()),
                 None => c
                     .config
