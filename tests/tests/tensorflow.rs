@@ -399,3 +399,77 @@ async fn preempted_chief_checkpoints_and_the_job_resumes() {
 async fn preempted_chief_with_the_leader_killed_as_it_exits() {
     chief_preempted("preempted_chief_with_the_leader_killed_as_it_exits", true).await;
 }
+
+/// Two MWMS jobs at once on one ensemble, each through sidecars of its own namespace, with the
+/// same task names, key names and barrier ids: both train through a leader kill; then a worker of
+/// one is killed, and only that job fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mwms_jobs_in_two_namespaces_fail_apart() {
+    let Some(tf) = tf_or_skip("two_mwms_jobs_in_two_namespaces_fail_apart") else {
+        return;
+    };
+    let mut cluster = ensemble(2);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let endpoints = cluster.endpoints();
+    let steps = 150;
+    let mut jobs = Vec::new();
+    for ns in ["tf-a", "tf-b"] {
+        let workers = worker_addresses(2);
+        let proxies: Vec<Sidecar> = (0..2)
+            .map(|i| {
+                let task = format!("worker:{i}");
+                let extra: Vec<String> = [
+                    "--namespace",
+                    ns,
+                    "--job",
+                    "worker=2",
+                    "--task",
+                    task.as_str(),
+                    "--push-errors-to",
+                    workers[i].as_str(),
+                ]
+                .map(String::from)
+                .to_vec();
+                Sidecar::start_with(&endpoints, &extra)
+            })
+            .collect();
+        let job: Vec<Worker> = (0..2)
+            .map(|index| {
+                tf.worker(&WorkerSpec {
+                    workers: workers.clone(),
+                    index,
+                    coordinator: proxies[index].addr.clone(),
+                    steps,
+                    step_sleep: Duration::from_millis(100),
+                    run: "same".into(),
+                })
+            })
+            .collect();
+        jobs.push((proxies, job));
+    }
+    for (_, job) in &jobs {
+        for w in job {
+            w.wait_event("step", WORKER_PATIENCE).await;
+        }
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    eprintln!("kill -9 leader {leader} under both jobs");
+    cluster.kill(leader);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    for (_, job) in &jobs {
+        for w in job {
+            let now = last_step(w);
+            wait_step(w, now + 20).await;
+        }
+    }
+    cluster.spawn(leader);
+    // A worker of tf-a dies: tf-a's other worker fails, naming it; tf-b trains to the end.
+    let (_, a) = &mut jobs[0];
+    a[1].kill();
+    let error = a[0].wait_event("error", Duration::from_secs(60)).await;
+    let message = error["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("/job:worker/task:1"), "{message}");
+    assert_eq!(a[0].wait_exit(Duration::from_secs(60)).await, Some(3));
+    let (_, b) = &mut jobs[1];
+    trains_to_the_end(b, steps).await;
+}
