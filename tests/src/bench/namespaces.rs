@@ -9,7 +9,7 @@
 //! the noisy namespace's rate), and what an empty namespace costs in the state (the growth of a
 //! backup of the whole state per namespace declared).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,17 +59,35 @@ async fn state_size(ops: &CoordClient) -> Result<u64, String> {
     Ok(file.len() as u64)
 }
 
+/// Failed calls: how many, and the first one's error.
+#[derive(Default)]
+struct Failures {
+    count: AtomicU64,
+    first: Mutex<Option<String>>,
+}
+
+impl Failures {
+    fn record(&self, what: &str, e: &tonic::Status) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut first) = self.first.lock() {
+            first.get_or_insert_with(|| format!("{what}: {e}"));
+        }
+    }
+}
+
 /// One quiet namespace's job: rounds of a key write and a barrier across its tasks, until
-/// `stop`; every barrier call's latency goes to `latencies`, every failure to `errors`.
+/// `stop`, numbered on from `next` (a barrier instance passes once); every barrier call's
+/// latency goes to `latencies`, every failure to `errors`.
 async fn quiet_job(
     cl: CoordClient,
     tasks: u32,
+    next: Arc<AtomicI64>,
     stop: Arc<AtomicBool>,
     latencies: Arc<Mutex<Vec<Duration>>>,
-    errors: Arc<AtomicU64>,
+    errors: Arc<Failures>,
 ) {
-    let mut round = 0i64;
     while !stop.load(Ordering::Relaxed) {
+        let round = next.fetch_add(1, Ordering::Relaxed);
         let calls = (0..tasks).map(|t| {
             let cl = cl.clone();
             async move {
@@ -84,12 +102,9 @@ async fn quiet_job(
         for r in futures::future::join_all(calls).await {
             match r {
                 Ok(d) => latencies.lock().map(|mut l| l.push(d)).unwrap_or(()),
-                Err(_) => {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
+                Err(e) => errors.record("a round", &e),
             }
         }
-        round += 1;
     }
 }
 
@@ -98,7 +113,7 @@ async fn heartbeats(
     clients: Vec<CoordClient>,
     tasks: u32,
     stop: Arc<AtomicBool>,
-    errors: Arc<AtomicU64>,
+    errors: Arc<Failures>,
 ) {
     while !stop.load(Ordering::Relaxed) {
         let tick = Instant::now();
@@ -109,8 +124,8 @@ async fn heartbeats(
             .for_each_concurrent(256, |(cl, t)| {
                 let errors = errors.clone();
                 async move {
-                    if cl.heartbeat(&task(t), 1).await.is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = cl.heartbeat(&task(t), 1).await {
+                        errors.record("a heartbeat", &e);
                     }
                 }
             })
@@ -127,17 +142,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
-/// Runs the quiet jobs for `seconds`; their barrier latencies, sorted, and their errors.
-async fn phase(quiet: &[CoordClient], args: &Args) -> (Vec<Duration>, u64) {
+/// Runs the quiet jobs for `seconds`; their barrier latencies, sorted, and their failures.
+async fn phase(
+    quiet: &[(CoordClient, Arc<AtomicI64>)],
+    args: &Args,
+) -> (Vec<Duration>, Arc<Failures>) {
     let stop = Arc::new(AtomicBool::new(false));
     let latencies = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(Failures::default());
     let mut jobs: Vec<_> = quiet
         .iter()
-        .map(|cl| {
+        .map(|(cl, next)| {
             tokio::spawn(quiet_job(
                 cl.clone(),
                 args.tasks,
+                next.clone(),
                 stop.clone(),
                 latencies.clone(),
                 errors.clone(),
@@ -145,7 +164,7 @@ async fn phase(quiet: &[CoordClient], args: &Args) -> (Vec<Duration>, u64) {
         })
         .collect();
     jobs.push(tokio::spawn(heartbeats(
-        quiet.to_vec(),
+        quiet.iter().map(|(cl, _)| cl.clone()).collect(),
         args.tasks,
         stop.clone(),
         errors.clone(),
@@ -157,7 +176,7 @@ async fn phase(quiet: &[CoordClient], args: &Args) -> (Vec<Duration>, u64) {
     }
     let mut l = latencies.lock().map(|l| l.clone()).unwrap_or_default();
     l.sort();
-    (l, errors.load(Ordering::Relaxed))
+    (l, errors)
 }
 
 pub async fn run(args: Args) -> Result<(), String> {
@@ -184,10 +203,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         })
         .await
         .map_err(|e| format!("declare {name}: {e}"))?;
-        quiet.push(client(&endpoints, Some(name))?);
+        quiet.push((client(&endpoints, Some(name))?, Arc::new(AtomicI64::new(0))));
     }
     let declared = state_size(&ops).await?;
-    for cl in &quiet {
+    for (cl, _) in &quiet {
         for t in 0..args.tasks {
             cl.register_task(&task(t), 1)
                 .await
@@ -266,9 +285,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         "| quiet p99 beside / alone | {:.2}x | <= 1.5x |",
         ms(p99b) / ms(p99a).max(1e-9)
     );
+    let failed = |f: &Failures| f.count.load(Ordering::Relaxed);
     println!(
         "| quiet calls that failed (both phases) | {} | 0 |",
-        alone_errors + beside_errors
+        failed(&alone_errors) + failed(&beside_errors)
     );
     let rate = taken.load(Ordering::Relaxed) as f64 / noisy_secs;
     println!(
@@ -287,5 +307,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         args.tasks,
         per_ns(registered, before)
     );
+    for (phase, f) in [("alone", &alone_errors), ("beside", &beside_errors)] {
+        if let Some(first) = f.first.lock().ok().and_then(|f| f.clone()) {
+            println!("\nfirst quiet failure ({phase}): {first}");
+        }
+    }
     Ok(())
 }
