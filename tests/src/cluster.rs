@@ -221,6 +221,28 @@ impl Cluster {
     ) {
         poll_until(timeout, what, || f(self)).await;
     }
+
+    /// The state bytes every replica reports in `/status`, once all of them applied the same
+    /// state (within `timeout`).
+    pub async fn settled_state_bytes(&mut self, timeout: Duration) -> u64 {
+        let read = |c: &Cluster| -> Vec<(u64, u64)> {
+            c.replicas
+                .iter()
+                .filter_map(|r| {
+                    let (_, body) = http::get(r.http, "/status").ok()?;
+                    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+                    Some((v["last_applied"].as_u64()?, v["state_bytes"].as_u64()?))
+                })
+                .collect()
+        };
+        let n = self.replicas.len();
+        self.wait_until(timeout, "every replica at the same state", |c| {
+            let v = read(c);
+            v.len() == n && v.iter().all(|x| *x == v[0])
+        })
+        .await;
+        read(self)[0].1
+    }
 }
 
 impl Deref for Cluster {

@@ -241,19 +241,24 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
                 .await;
         }
     }
+    let code = script_exit(&mut script).await;
+    let out = reader.join().unwrap_or_default();
+    assert_failover_log(code, &out, &killed);
+}
+
+/// The exit code of a script's processes, which must finish within 300 s.
+async fn script_exit(script: &mut coord_tests::venv::Guarded) -> Option<i32> {
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    let code = loop {
+    loop {
         if let Ok(Some(s)) = script.child.try_wait() {
-            break s.code();
+            return s.code();
         }
         assert!(
             std::time::Instant::now() < deadline,
             "the JAX processes did not finish"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let out = reader.join().unwrap_or_default();
-    assert_failover_log(code, &out, &killed);
+    }
 }
 
 /// The tasks `xla_failover.py` runs.
@@ -499,17 +504,7 @@ async fn two_jax_jobs_in_two_namespaces_through_leader_kills() {
         }
     }
     for (_, _, mut script, reader) in jobs {
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        let code = loop {
-            if let Ok(Some(s)) = script.child.try_wait() {
-                break s.code();
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the JAX processes did not finish"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let code = script_exit(&mut script).await;
         let out = reader.join().unwrap_or_default();
         assert_failover_log(code, &out, &killed);
     }

@@ -14,7 +14,6 @@ use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::coord::admin::{DeclareNamespaceRequest, NamespaceLimits, NamespaceShape};
 use coord_proto::tensorflow as tf;
 use coord_tests::cluster::{Cluster, ClusterOptions};
-use coord_tests::http;
 use coord_tests::tcpstore_client::StoreClient;
 use coord_tests::torch::StoreSidecar;
 use tonic::Code;
@@ -93,6 +92,29 @@ async fn jobs_in_two_namespaces_share_names_and_nothing_else() {
     assert_eq!(a.get("k").await.expect("get"), Bytes::from("in a"));
     assert_eq!(b.get("k").await.expect("get"), Bytes::from("in b"));
     assert_eq!(ops.get("k").await.expect("get"), Bytes::from("default"));
+
+    // A watch in a sees a's changes of its key, not b's of the same key.
+    let mut watch = a.open_watch("w", 0).await.expect("watch in a");
+    let started = watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("first answer");
+    assert!(started.events.is_empty(), "{started:?}");
+    b.insert("w", Bytes::from("from b"), false)
+        .await
+        .expect("put");
+    a.insert("w", Bytes::from("from a"), false)
+        .await
+        .expect("put");
+    let seen = tokio::time::timeout(TIMEOUT, watch.message())
+        .await
+        .expect("an event within the timeout")
+        .expect("stream")
+        .expect("an answer");
+    let values: Vec<Bytes> = seen.events.iter().map(|e| e.value.clone()).collect();
+    assert_eq!(values, vec![Bytes::from("from a")]);
+    drop(watch);
 
     // The same tasks register in both; a barrier of a passes while b's same barrier id waits.
     for cl in [&a, &b] {
@@ -311,26 +333,6 @@ async fn a_namespace_at_its_limits_leaves_the_others_alone() {
     }
 }
 
-/// The replica's `/status` state bytes, once every replica applied the same state.
-async fn state_bytes(c: &mut Cluster) -> u64 {
-    let read = |c: &Cluster| -> Vec<(u64, u64)> {
-        c.replicas
-            .iter()
-            .filter_map(|r| {
-                let (_, body) = http::get(r.http, "/status").ok()?;
-                let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-                Some((v["last_applied"].as_u64()?, v["state_bytes"].as_u64()?))
-            })
-            .collect()
-    };
-    c.wait_until(TIMEOUT, "every replica at the same state", |c| {
-        let v = read(c);
-        v.len() == 3 && v.iter().all(|x| *x == v[0])
-    })
-    .await;
-    read(c)[0].1
-}
-
 /// Namespaces survive a snapshot and a restart of every replica, and a backup and restore; a
 /// delete is one entry that gives the memory back; the name then comes back as a fresh namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,7 +352,7 @@ async fn namespaces_survive_restarts_and_a_delete_gives_their_memory_back() {
             .await
             .expect("put");
     }
-    let before = state_bytes(&mut c).await;
+    let before = c.settled_state_bytes(TIMEOUT).await;
 
     // A snapshot on every replica, then every replica restarted from it and its log.
     for i in 0..c.endpoints().len() {
@@ -368,7 +370,7 @@ async fn namespaces_survive_restarts_and_a_delete_gives_their_memory_back() {
     assert_eq!(gone.get_dir("g").await.expect("dir").len(), 128);
 
     ops.delete_namespace("gone").await.expect("delete");
-    let after = state_bytes(&mut c).await;
+    let after = c.settled_state_bytes(TIMEOUT).await;
     assert!(
         after + 128 * 4096 <= before,
         "state bytes {before} -> {after} after deleting 512 KiB"

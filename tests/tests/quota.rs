@@ -31,26 +31,6 @@ fn rss_of_all(c: &Cluster) -> Vec<u64> {
         .collect()
 }
 
-/// Every replica's `state_bytes`, once all three applied the same state.
-async fn settled_state_bytes(c: &mut Cluster) -> u64 {
-    let ids: Vec<u64> = c.replicas.iter().map(|r| r.id).collect();
-    let read = |c: &Cluster| -> Vec<(u64, u64)> {
-        ids.iter()
-            .filter_map(|id| {
-                let (_, body) = http::get(c.replica(*id).http, "/status").ok()?;
-                let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-                Some((v["last_applied"].as_u64()?, v["state_bytes"].as_u64()?))
-            })
-            .collect()
-    };
-    c.wait_until(TIMEOUT, "every replica at the same state", |c| {
-        let v = read(c);
-        v.len() == 3 && v.iter().all(|x| *x == v[0])
-    })
-    .await;
-    read(c)[0].1
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_filling_the_store_hits_the_quota_and_the_ensemble_keeps_serving() {
     let mut c = Cluster::start(ClusterOptions {
@@ -176,6 +156,6 @@ async fn a_client_filling_the_store_hits_the_quota_and_the_ensemble_keeps_servin
         "{rows}"
     );
     // Every replica counts the same bytes (apply decides from the state alone).
-    let bytes = settled_state_bytes(&mut c).await;
+    let bytes = c.settled_state_bytes(TIMEOUT).await;
     assert!(bytes > (20 * MIB) as u64 && bytes < QUOTA as u64, "{bytes}");
 }

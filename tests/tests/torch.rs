@@ -237,6 +237,17 @@ async fn bad_input_closes_only_its_connection() {
     assert!(status.is_some(), "the ensemble still answers");
 }
 
+/// The steps a torchrun job reported and its result, once it exited 0 (within 300 s).
+fn finished(job: &mut Launched) -> (Vec<u64>, String) {
+    assert_eq!(
+        job.finish(Duration::from_secs(300)),
+        Some(0),
+        "{}",
+        job.seen.join("\n")
+    );
+    job.steps_and_result()
+}
+
 fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {
     NodeArgs {
         nnodes: "1",
@@ -262,13 +273,7 @@ async fn torchrun_trains_through_two_leader_kills() {
 
     // The reference: the same job with no kill.
     let mut calm = Launched::start(&torch, &torchrun_args(&sidecar.store, "calm", STEPS));
-    assert_eq!(
-        calm.finish(Duration::from_secs(300)),
-        Some(0),
-        "{}",
-        calm.seen.join("\n")
-    );
-    let (steps, expected) = calm.steps_and_result();
+    let (steps, expected) = finished(&mut calm);
     assert_eq!(steps, (0..STEPS).collect::<Vec<_>>());
 
     let mut job = Launched::start(&torch, &torchrun_args(&sidecar.store, "killed", STEPS));
@@ -280,13 +285,7 @@ async fn torchrun_trains_through_two_leader_kills() {
         cluster.wait_for_leader(Duration::from_secs(30)).await;
         cluster.spawn(leader);
     }
-    assert_eq!(
-        job.finish(Duration::from_secs(300)),
-        Some(0),
-        "{}",
-        job.seen.join("\n")
-    );
-    let (steps, result) = job.steps_and_result();
+    let (steps, result) = finished(&mut job);
     assert_eq!(
         steps,
         (0..STEPS).collect::<Vec<_>>(),
@@ -312,13 +311,7 @@ async fn two_torchrun_jobs_with_one_run_id_in_two_namespaces() {
     let sidecar = |ns: &str| StoreSidecar::start_with(&cluster.endpoints(), &["--namespace", ns]);
     let alone = sidecar("alone");
     let mut reference = Launched::start(&torch, &torchrun_args(&alone.store, "shared", STEPS));
-    assert_eq!(
-        reference.finish(Duration::from_secs(300)),
-        Some(0),
-        "{}",
-        reference.seen.join("\n")
-    );
-    let (_, expected) = reference.steps_and_result();
+    let (_, expected) = finished(&mut reference);
 
     let (a, b) = (sidecar("job-a"), sidecar("job-b"));
     let mut jobs = [
@@ -331,13 +324,7 @@ async fn two_torchrun_jobs_with_one_run_id_in_two_namespaces() {
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     cluster.spawn(leader);
     for job in &mut jobs {
-        assert_eq!(
-            job.finish(Duration::from_secs(300)),
-            Some(0),
-            "{}",
-            job.seen.join("\n")
-        );
-        let (steps, result) = job.steps_and_result();
+        let (steps, result) = finished(job);
         assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "every step once");
         assert_eq!(result, expected, "the result it gets alone");
     }

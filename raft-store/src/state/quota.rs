@@ -58,16 +58,11 @@ impl Quota {
         growth: u64,
         what: impl FnOnce() -> String,
     ) -> Option<OpError> {
-        if self.bytes == 0 || usage.saturating_add(growth) <= self.bytes {
-            return None;
-        }
-        Some(OpError::Status {
-            code: Code::ResourceExhausted,
-            message: format!(
-                "the replicated state holds {usage} bytes of its {}-byte quota (--quota-bytes): {} needs {growth} more and is refused; delete keys or raise the quota",
-                self.bytes,
+        self.past(usage, growth, |bound| {
+            format!(
+                "the replicated state holds {usage} bytes of its {bound}-byte quota (--quota-bytes): {} needs {growth} more and is refused; delete keys or raise the quota",
                 what()
-            ),
+            )
         })
     }
 
@@ -80,16 +75,25 @@ impl Quota {
         growth: u64,
         what: impl FnOnce() -> String,
     ) -> Option<OpError> {
-        if self.bytes == 0 || usage.saturating_add(growth) <= self.bytes {
-            return None;
-        }
-        Some(OpError::Status {
-            code: Code::ResourceExhausted,
-            message: format!(
-                "namespace {name:?} holds {usage} bytes, its limit is {} (max_bytes): {} needs {growth} more and is refused; delete keys or raise the limit",
-                self.bytes,
+        self.past(usage, growth, |bound| {
+            format!(
+                "namespace {name:?} holds {usage} bytes, its limit is {bound} (max_bytes): {} needs {growth} more and is refused; delete keys or raise the limit",
                 what()
-            ),
+            )
+        })
+    }
+
+    /// RESOURCE_EXHAUSTED with `message(bound)` if `growth` more bytes on top of `usage` would
+    /// pass the bound.
+    fn past(
+        &self,
+        usage: u64,
+        growth: u64,
+        message: impl FnOnce(u64) -> String,
+    ) -> Option<OpError> {
+        (self.bytes != 0 && usage.saturating_add(growth) > self.bytes).then(|| OpError::Status {
+            code: Code::ResourceExhausted,
+            message: message(self.bytes),
         })
     }
 
