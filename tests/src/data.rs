@@ -20,10 +20,16 @@ pub struct WorkerProc {
 impl WorkerProc {
     /// Starts a worker heartbeating every `heartbeat_ms` to `endpoints`.
     pub fn start(endpoints: &[String], heartbeat_ms: u64) -> Self {
+        Self::start_in(endpoints, heartbeat_ms, None)
+    }
+
+    /// Starts a worker of namespace `namespace`'s dispatcher (`None`: the default one's).
+    pub fn start_in(endpoints: &[String], heartbeat_ms: u64, namespace: Option<&str>) -> Self {
         let port = free_ports(1)[0];
         let address = format!("127.0.0.1:{port}");
         let child = Command::new(workspace_binary("coord-agent", "data-worker", None))
             .args(["--coordinators", &endpoints.join(",")])
+            .args(namespace.map(|n| ["--namespace", n]).into_iter().flatten())
             .args(["--listen", &address])
             .args(["--heartbeat-ms", &heartbeat_ms.to_string()])
             .stdin(Stdio::null())
@@ -56,7 +62,14 @@ impl Drop for WorkerProc {
 
 /// A dispatcher client of the ensemble at `endpoints`.
 pub fn dispatch_client(endpoints: &[String]) -> DispatchClient {
-    DispatchClient::new(CoordClient::new(ClientOptions::new(endpoints.to_vec())).expect("client"))
+    dispatch_client_in(endpoints, None)
+}
+
+/// A dispatcher client of namespace `namespace` (`None`: the default one).
+pub fn dispatch_client_in(endpoints: &[String], namespace: Option<&str>) -> DispatchClient {
+    let mut options = ClientOptions::new(endpoints.to_vec());
+    options.namespace = namespace.map(str::to_string);
+    DispatchClient::new(CoordClient::new(options).expect("client"))
 }
 
 /// Registers `def` and makes (or joins) a job; returns (job, client).

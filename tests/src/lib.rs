@@ -46,6 +46,7 @@ pub mod compose;
 pub mod coord_suite;
 pub mod data;
 pub mod jax;
+pub mod jax_failover;
 pub mod link;
 pub mod tcpstore_client;
 pub mod tf;

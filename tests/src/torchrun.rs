@@ -45,6 +45,32 @@ impl NodeArgs<'_> {
     }
 }
 
+/// One node of two ranks, on the store at `store` (a sidecar's), in rendezvous `run_id`, training
+/// `steps` steps, restarting its workers up to 3 times.
+pub fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {
+    NodeArgs {
+        nnodes: "1",
+        nproc_per_node: 2,
+        endpoint: store,
+        run_id,
+        conf: "is_host=false",
+        extra: &["--max-restarts=3"],
+        steps,
+    }
+    .to_args()
+}
+
+/// The steps a torchrun job reported and its result, once it exited 0 (within 300 s).
+pub fn finished(job: &mut Launched) -> (Vec<u64>, String) {
+    assert_eq!(
+        job.finish(Duration::from_secs(300)),
+        Some(0),
+        "{}",
+        job.seen.join("\n")
+    );
+    job.steps_and_result()
+}
+
 /// A started process (in a process group of its own: torchrun, its workers and their helpers),
 /// killed with its group when dropped.
 pub struct Launched {

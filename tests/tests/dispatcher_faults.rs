@@ -1,14 +1,17 @@
 //! The dispatcher survives what TF's does not: a leader kill mid-epoch, a full ensemble restart,
-//! a data worker killed mid-epoch (its splits are re-issued), and a worker added to a
+//! a data worker killed mid-epoch (its splits are re-issued; in a named namespace), and a worker added to a
 //! round-robin job mid-job (consumers stay aligned round by round).
 
 use std::time::Duration;
 
+use coord_agent::data::DispatchClient;
+use coord_proto::coord::admin::{DeclareNamespaceRequest, NamespaceShape};
 use coord_proto::coord::dispatcher as pb;
 use coord_proto::coord::dispatcher::{dataset_op, DatasetOp, RepeatOp};
 use coord_proto::dataset::{range, range_value};
 use coord_tests::data::{
-    assert_exactly, consumer, dispatch_client, job, jobs, read_values, wait_workers, WorkerProc,
+    assert_exactly, consumer, dispatch_client, dispatch_client_in, job, jobs, read_values,
+    wait_workers, WorkerProc,
 };
 use coord_tests::{Cluster, ClusterOptions};
 
@@ -110,16 +113,31 @@ impl FinishedJob for Result<(u64, u64), tonic::Status> {
     }
 }
 
+/// In a named namespace, beside a default namespace whose own worker lives: the leader's timers
+/// judge every namespace's workers, and only that namespace's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_workers_splits_are_reissued() {
+    const NS: &str = "data-a";
     let cluster = Cluster::start(ClusterOptions {
         extra_args: vec!["--dispatcher-worker-timeout-ms".into(), "1500".into()],
         ..ClusterOptions::default()
     });
     let eps = cluster.endpoints();
-    let d = dispatch_client(&eps);
-    let mut doomed = WorkerProc::start(&eps, 100);
-    let _survivor = WorkerProc::start(&eps, 100);
+    let default = dispatch_client(&eps);
+    default
+        .coord()
+        .declare_namespace(DeclareNamespaceRequest {
+            name: NS.into(),
+            shape: Some(NamespaceShape::default()),
+            limits: None,
+        })
+        .await
+        .expect("declare");
+    let _default_worker = WorkerProc::start(&eps, 100);
+    wait_workers(&default, 1).await;
+    let d = dispatch_client_in(&eps, Some(NS));
+    let mut doomed = WorkerProc::start_in(&eps, 100, Some(NS));
+    let _survivor = WorkerProc::start_in(&eps, 100, Some(NS));
     wait_workers(&d, 2).await;
     let n = 3000;
     let mut def = range(0, n);
@@ -139,24 +157,44 @@ async fn a_dead_workers_splits_are_reissued() {
         info.reissued_splits > 0,
         "the killed worker held leased splits; they must be handed out again: {info:?}"
     );
-    let journal = d
-        .journal(pb::JournalRequest {
-            from_index: 0,
-            limit: 10_000,
-        })
-        .await
-        .unwrap();
     assert!(
-        journal
-            .entries
+        journal(&d)
+            .await
             .iter()
             .any(|e| e.update.contains("worker_timeout")),
         "the dead worker was declared dead"
+    );
+    assert!(
+        !journal(&default)
+            .await
+            .iter()
+            .any(|e| e.update.contains("worker_timeout") || e.update.contains(&doomed.address)),
+        "the default namespace's journal holds none of it"
+    );
+    let workers = default
+        .get_workers(pb::GetWorkersRequest {})
+        .await
+        .unwrap()
+        .workers;
+    assert!(
+        workers.len() == 1 && workers[0].alive,
+        "the default namespace's worker alone, alive: {workers:?}"
     );
     eprintln!(
         "splits re-issued: {}, duplicates dropped by the consumer: {}",
         info.reissued_splits, r.duplicates
     );
+}
+
+/// The first 10,000 entries of `d`'s namespace's dispatcher journal.
+async fn journal(d: &DispatchClient) -> Vec<pb::JournalEntry> {
+    d.journal(pb::JournalRequest {
+        from_index: 0,
+        limit: 10_000,
+    })
+    .await
+    .expect("journal")
+    .entries
 }
 
 fn infinite(n: i64) -> pb::DatasetDef {

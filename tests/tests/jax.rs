@@ -12,11 +12,10 @@
 
 use std::time::Duration;
 
-use coord_agent::{ClientOptions, CoordClient};
 use coord_tests::cluster::free_ports;
 use coord_tests::jax::{Jax, JaxRelease, Sidecar};
+use coord_tests::jax_failover::{entry, jax_namespace_flags, parse, FailoverJob, FAILOVER_TASKS};
 use coord_tests::{Cluster, ClusterOptions};
-use serde_json::Value;
 
 // JAX's own mTLS to the replicas, with no sidecar.
 #[path = "jax/mtls.rs"]
@@ -56,19 +55,6 @@ fn jax_or_skip(test: &str, release: JaxRelease) -> Option<Jax> {
             None
         }
     }
-}
-
-pub(crate) fn parse(out: &str) -> Vec<Value> {
-    out.lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
-        .collect()
-}
-
-pub(crate) fn entry<'a>(log: &'a [Value], task: u64, op: &str) -> &'a Value {
-    log.iter()
-        .find(|e| e["task"] == task && e["op"] == op)
-        .unwrap_or_else(|| panic!("no {op} of task {task} in {log:#?}"))
 }
 
 /// An ensemble serving job `jax` of `n` tasks to XLA clients, with the timeouts the scripts use.
@@ -170,23 +156,6 @@ async fn a_task_that_stops_heartbeating_is_seen_dead(release: JaxRelease) {
     assert_eq!(t, o, "jaxlib's service:\n{theirs}\nensemble:\n{ours}");
 }
 
-/// Waits until every key exists.
-async fn wait_keys(client: &CoordClient, keys: &[String]) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    for k in keys {
-        loop {
-            if let Ok(Some(_)) = client.try_get(k).await {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "key {k} never appeared"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
 async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease) {
     let Some(jax) = jax_or_skip(
         "jax_processes_survive_leader_kills_through_sidecars",
@@ -194,27 +163,12 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
     ) else {
         return;
     };
-    const N: usize = FAILOVER_TASKS;
-    let mut cluster = ensemble(N, &["--heartbeat-timeout-ms", "20000"]);
+    let mut cluster = ensemble(FAILOVER_TASKS, &["--heartbeat-timeout-ms", "20000"]);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
-    let endpoints = cluster.endpoints();
-    let sidecars: Vec<Sidecar> = (0..N).map(|_| Sidecar::start(&endpoints)).collect();
-    let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
-    let client = CoordClient::new(ClientOptions::new(endpoints)).expect("client");
-
-    let mut script = jax.spawn("xla_failover.py", &addrs);
-    let mut stdout = script.child.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
-        s
-    });
-
+    let job = FailoverJob::start(&jax, &cluster.endpoints(), &[], None);
     let mut killed = Vec::new();
     for phase in 1..=2 {
-        // Tasks 1.. are at the barrier (or about to be), task 0 at its blocking get.
-        let arrived: Vec<String> = (1..N).map(|t| format!("arrived{phase}/{t}")).collect();
-        wait_keys(&client, &arrived).await;
+        job.wait_arrived(phase).await;
         // Give the barrier calls time to reach the leader and park there (if one has not, it
         // arrives during the failover instead: a harder case, not an easier one).
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -224,14 +178,7 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
         killed.push(leader);
         let new_leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
         eprintln!("phase {phase}: replica {new_leader} leads");
-        client
-            .insert(
-                &format!("go/{phase}"),
-                bytes::Bytes::from_static(b"go"),
-                false,
-            )
-            .await
-            .expect("release task 0");
+        job.go(phase).await;
         if phase == 1 {
             // Back to three replicas before the next kill.
             cluster.spawn(leader);
@@ -241,72 +188,7 @@ async fn jax_processes_survive_leader_kills_through_sidecars(release: JaxRelease
                 .await;
         }
     }
-    let code = script_exit(&mut script).await;
-    let out = reader.join().unwrap_or_default();
-    assert_failover_log(code, &out, &killed);
-}
-
-/// The exit code of a script's processes, which must finish within 300 s.
-async fn script_exit(script: &mut coord_tests::venv::Guarded) -> Option<i32> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Ok(Some(s)) = script.child.try_wait() {
-            return s.code();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the JAX processes did not finish"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The tasks `xla_failover.py` runs.
-const FAILOVER_TASKS: usize = 4;
-
-/// What `xla_failover.py` must have printed: every task exited 0 with no error, each increment
-/// applied once, both blocking gets, barriers, counter and live nodes as without a kill.
-fn assert_failover_log(code: Option<i32>, out: &str, killed: &[u64]) {
-    assert_eq!(code, Some(0), "{out}");
-    let log = parse(out);
-    for task in 0..FAILOVER_TASKS as u64 {
-        let exit = log
-            .iter()
-            .find(|e| e["task"] == task && e.get("exit").is_some())
-            .unwrap_or_else(|| panic!("no exit code of task {task}:\n{out}"));
-        assert_eq!(exit["exit"], 0, "task {task}:\n{out}");
-    }
-    let errors: Vec<&Value> = log.iter().filter(|e| e.get("err").is_some()).collect();
-    assert!(
-        errors.is_empty(),
-        "errors after killing leaders {killed:?}: {errors:#?}"
-    );
-    let mut increments: Vec<i64> = (0..FAILOVER_TASKS as u64)
-        .map(|t| {
-            entry(&log, t, "increment")["ok"]
-                .as_i64()
-                .expect("a number")
-        })
-        .collect();
-    increments.sort_unstable();
-    assert_eq!(increments, [1, 2, 3, 4], "each increment applied once");
-    for op in ["get_go1", "get_go2"] {
-        assert_eq!(entry(&log, 0, op)["ok"], "go", "{out}");
-    }
-    for task in 0..FAILOVER_TASKS as u64 {
-        for op in ["barrier1", "barrier2", "barrier_after", "shutdown"] {
-            assert_eq!(
-                entry(&log, task, op)["ok"],
-                Value::Null,
-                "{op} of task {task}"
-            );
-        }
-        assert_eq!(entry(&log, task, "counter")["ok"], "4");
-        assert_eq!(
-            entry(&log, task, "live_nodes")["ok"],
-            serde_json::json!([0, 1, 2, 3])
-        );
-    }
+    job.finish(&killed).await;
 }
 
 async fn jax_distributed_initialize_runs_on_the_ensemble(release: JaxRelease) {
@@ -439,45 +321,17 @@ async fn two_jax_jobs_in_two_namespaces_through_leader_kills() {
     let Some(jax) = jax_or_skip(test, coord_tests::jax::JAX_0_10) else {
         return;
     };
-    const N: usize = FAILOVER_TASKS;
-    let mut cluster = ensemble(N, &["--heartbeat-timeout-ms", "20000"]);
+    let mut cluster = ensemble(FAILOVER_TASKS, &["--heartbeat-timeout-ms", "20000"]);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let endpoints = cluster.endpoints();
-    let mut jobs = Vec::new();
-    for ns in ["jax-a", "jax-b"] {
-        let flags: Vec<String> = [
-            "--namespace",
-            ns,
-            "--job",
-            "jax=4",
-            "--heartbeat-timeout-ms",
-            "20000",
-            "--shutdown-barrier-timeout-ms",
-            "60000",
-        ]
-        .map(String::from)
-        .to_vec();
-        let sidecars: Vec<Sidecar> = (0..N)
-            .map(|_| Sidecar::start_with(&endpoints, &flags))
-            .collect();
-        let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
-        let mut options = ClientOptions::new(endpoints.clone());
-        options.namespace = Some(ns.to_string());
-        let client = CoordClient::new(options).expect("client");
-        let mut script = jax.spawn("xla_failover.py", &addrs);
-        let mut stdout = script.child.stdout.take().expect("stdout");
-        let reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
-            s
-        });
-        jobs.push((sidecars, client, script, reader));
-    }
+    let jobs: Vec<FailoverJob> = ["jax-a", "jax-b"]
+        .iter()
+        .map(|ns| FailoverJob::start(&jax, &endpoints, &jax_namespace_flags(ns), Some(ns)))
+        .collect();
     let mut killed = Vec::new();
     for phase in 1..=2 {
-        for (_, client, ..) in &jobs {
-            let arrived: Vec<String> = (1..N).map(|t| format!("arrived{phase}/{t}")).collect();
-            wait_keys(client, &arrived).await;
+        for job in &jobs {
+            job.wait_arrived(phase).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
@@ -485,15 +339,8 @@ async fn two_jax_jobs_in_two_namespaces_through_leader_kills() {
         cluster.kill(leader);
         killed.push(leader);
         let new_leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
-        for (_, client, ..) in &jobs {
-            client
-                .insert(
-                    &format!("go/{phase}"),
-                    bytes::Bytes::from_static(b"go"),
-                    false,
-                )
-                .await
-                .expect("release task 0");
+        for job in &jobs {
+            job.go(phase).await;
         }
         if phase == 1 {
             cluster.spawn(leader);
@@ -503,9 +350,7 @@ async fn two_jax_jobs_in_two_namespaces_through_leader_kills() {
                 .await;
         }
     }
-    for (_, _, mut script, reader) in jobs {
-        let code = script_exit(&mut script).await;
-        let out = reader.join().unwrap_or_default();
-        assert_failover_log(code, &out, &killed);
+    for job in jobs {
+        job.finish(&killed).await;
     }
 }

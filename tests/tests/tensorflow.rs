@@ -5,8 +5,11 @@
 use std::time::Duration;
 
 use coord_tests::cluster::free_ports;
-use coord_tests::jax::Sidecar;
+use coord_tests::jax::{Jax, Sidecar, JAX_0_10};
+use coord_tests::jax_failover::{jax_namespace_flags, FailoverJob};
 use coord_tests::tf::{wall, Tf, Worker, WorkerSpec};
+use coord_tests::torch::{StoreSidecar, Torch};
+use coord_tests::torchrun::{finished, torchrun_args, Launched};
 use coord_tests::{Cluster, ClusterOptions};
 
 /// TF's import alone takes seconds on two loaded cores; a worker's whole life fits in this.
@@ -263,20 +266,8 @@ async fn mwms_trains_through_two_leader_kills_behind_coord_proxy() {
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let endpoints = cluster.endpoints();
     let proxies: Vec<Sidecar> = (0..2).map(|_| Sidecar::start(&endpoints)).collect();
-    let workers = worker_addresses(2);
     let steps = 250;
-    let mut job: Vec<Worker> = (0..2)
-        .map(|index| {
-            tf.worker(&WorkerSpec {
-                workers: workers.clone(),
-                index,
-                coordinator: proxies[index].addr.clone(),
-                steps,
-                step_sleep: Duration::from_millis(100),
-                run: "failover".into(),
-            })
-        })
-        .collect();
+    let mut job = workers_behind(&tf, &worker_addresses(2), &proxies, steps, "failover");
     for w in &job {
         w.wait_event("step", WORKER_PATIENCE).await;
     }
@@ -400,70 +391,122 @@ async fn preempted_chief_with_the_leader_killed_as_it_exits() {
     chief_preempted("preempted_chief_with_the_leader_killed_as_it_exits", true).await;
 }
 
-/// Two MWMS jobs at once on one ensemble, each through sidecars of its own namespace, with the
-/// same task names, key names and barrier ids: both train through a leader kill; then a worker of
-/// one is killed, and only that job fails.
+/// The sidecars of an MWMS job of two workers in namespace `ns`, each pushing errors to its
+/// worker, and the workers (`steps` steps of 100 ms).
+fn mwms_job_in(tf: &Tf, endpoints: &[String], ns: &str, steps: u32) -> (Vec<Sidecar>, Vec<Worker>) {
+    let workers = worker_addresses(2);
+    let proxies: Vec<Sidecar> = (0..2)
+        .map(|i| {
+            let task = format!("worker:{i}");
+            let extra: Vec<String> = [
+                "--namespace",
+                ns,
+                "--job",
+                "worker=2",
+                "--task",
+                task.as_str(),
+                "--push-errors-to",
+                workers[i].as_str(),
+            ]
+            .map(String::from)
+            .to_vec();
+            Sidecar::start_with(endpoints, &extra)
+        })
+        .collect();
+    let job = workers_behind(tf, &workers, &proxies, steps, "same");
+    (proxies, job)
+}
+
+/// The workers at `workers`, each through its own sidecar of `proxies`, `steps` steps of 100 ms.
+fn workers_behind(
+    tf: &Tf,
+    workers: &[String],
+    proxies: &[Sidecar],
+    steps: u32,
+    run: &str,
+) -> Vec<Worker> {
+    proxies
+        .iter()
+        .enumerate()
+        .map(|(index, proxy)| {
+            tf.worker(&WorkerSpec {
+                workers: workers.to_vec(),
+                index,
+                coordinator: proxy.addr.clone(),
+                steps,
+                step_sleep: Duration::from_millis(100),
+                run: run.into(),
+            })
+        })
+        .collect()
+}
+
+/// Four training jobs at once on one ensemble, each through sidecars of its own namespace: two
+/// MWMS jobs with the same task names, key names and barrier ids, a JAX job (jaxlib's four
+/// processes, under barriers and blocking gets) and a torchrun job. All four go on through a
+/// leader kill -9, each to what it gets alone (MWMS: every all-reduce right; JAX: each increment
+/// once, its own counter; torch: every step once and the weights of a run without a kill); then a
+/// worker of one MWMS job is killed, and only that job fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_mwms_jobs_in_two_namespaces_fail_apart() {
-    let Some(tf) = tf_or_skip("two_mwms_jobs_in_two_namespaces_fail_apart") else {
+async fn four_jobs_of_three_frameworks_on_one_ensemble_fail_apart() {
+    let test = "four_jobs_of_three_frameworks_on_one_ensemble_fail_apart";
+    let Some(tf) = tf_or_skip(test) else {
         return;
     };
+    let jax = match Jax::get(JAX_0_10) {
+        Ok(j) => j,
+        Err(why) => return eprintln!("SKIPPED {test}: {why}"),
+    };
+    let Some(torch) = Torch::or_skip(test) else {
+        return;
+    };
+    const TORCH_STEPS: u64 = 300;
+    let steps = 1200;
     let mut cluster = ensemble(2);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let endpoints = cluster.endpoints();
-    let steps = 150;
-    let mut jobs = Vec::new();
-    for ns in ["tf-a", "tf-b"] {
-        let workers = worker_addresses(2);
-        let proxies: Vec<Sidecar> = (0..2)
-            .map(|i| {
-                let task = format!("worker:{i}");
-                let extra: Vec<String> = [
-                    "--namespace",
-                    ns,
-                    "--job",
-                    "worker=2",
-                    "--task",
-                    task.as_str(),
-                    "--push-errors-to",
-                    workers[i].as_str(),
-                ]
-                .map(String::from)
-                .to_vec();
-                Sidecar::start_with(&endpoints, &extra)
-            })
-            .collect();
-        let job: Vec<Worker> = (0..2)
-            .map(|index| {
-                tf.worker(&WorkerSpec {
-                    workers: workers.clone(),
-                    index,
-                    coordinator: proxies[index].addr.clone(),
-                    steps,
-                    step_sleep: Duration::from_millis(100),
-                    run: "same".into(),
-                })
-            })
-            .collect();
-        jobs.push((proxies, job));
-    }
+    let torch_sidecar = |ns: &str| StoreSidecar::start_with(&endpoints, &["--namespace", ns]);
+    // torch's reference, in a namespace of its own, done before any kill.
+    let calm = torch_sidecar("torch-calm");
+    let mut reference = Launched::start(&torch, &torchrun_args(&calm.store, "shared", TORCH_STEPS));
+    let mut jobs: Vec<_> = ["tf-a", "tf-b"]
+        .iter()
+        .map(|ns| mwms_job_in(&tf, &endpoints, ns, steps))
+        .collect();
+    let (_, expected) = finished(&mut reference);
     for (_, job) in &jobs {
         for w in job {
             w.wait_event("step", WORKER_PATIENCE).await;
         }
     }
+    let jax_job = FailoverJob::start(
+        &jax,
+        &endpoints,
+        &jax_namespace_flags("jax-c"),
+        Some("jax-c"),
+    );
+    let torch_d = torch_sidecar("torch-d");
+    let mut torch_job = Launched::start(
+        &torch,
+        &torchrun_args(&torch_d.store, "shared", TORCH_STEPS),
+    );
+    jax_job.wait_arrived(1).await;
+    torch_job.wait_for("step 80 ", WORKER_PATIENCE);
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
-    eprintln!("kill -9 leader {leader} under both jobs");
+    eprintln!("kill -9 leader {leader} under all four jobs");
     cluster.kill(leader);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
+    jax_job.go(1).await;
     for (_, job) in &jobs {
         for w in job {
             let now = last_step(w);
             wait_step(w, now + 20).await;
         }
     }
+    jax_job.wait_arrived(2).await;
+    jax_job.go(2).await;
     cluster.spawn(leader);
-    // A worker of tf-a dies: tf-a's other worker fails, naming it; tf-b trains to the end.
+    // A worker of tf-a dies: tf-a's other worker fails, naming it; the others go on to the end.
     let (_, a) = &mut jobs[0];
     a[1].kill();
     let error = a[0].wait_event("error", Duration::from_secs(60)).await;
@@ -472,4 +515,15 @@ async fn two_mwms_jobs_in_two_namespaces_fail_apart() {
     assert_eq!(a[0].wait_exit(Duration::from_secs(60)).await, Some(3));
     let (_, b) = &mut jobs[1];
     trains_to_the_end(b, steps).await;
+    jax_job.finish(&[leader]).await;
+    let (torch_steps, result) = finished(&mut torch_job);
+    assert_eq!(
+        torch_steps,
+        (0..TORCH_STEPS).collect::<Vec<_>>(),
+        "torch: every step once"
+    );
+    assert_eq!(
+        result, expected,
+        "torch: the weights of its run without a kill"
+    );
 }

@@ -4,6 +4,7 @@
 //! the leader is killed twice mid-epoch, or every replica is killed and restarted. TF must see
 //! slow calls, never an error, and read every element exactly once: a split handed out is in the
 //! log, and a GetSplit whose answer was lost with its leader is answered with the same split.
+//! Two jobs of one job name in two namespaces read two epochs, not one split between them.
 //! (The venv comes from PyPI; without it the tests skip, saying why.)
 
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use coord_agent::data::DispatchClient;
 use coord_proto::coord::dispatcher as pb;
 use coord_tests::cli::coordctl_json;
 use coord_tests::cluster::free_ports;
-use coord_tests::data::dispatch_client;
+use coord_tests::data::{dispatch_client, dispatch_client_in};
 use coord_tests::jax::Sidecar;
 use coord_tests::tf_service::{DatasetKind, Mode, ReadSpec, Reader, TfDataProcs, Worker};
 use coord_tests::tfdata_conformance::{procs_or_skip, READ_PATIENCE, START_PATIENCE};
@@ -69,15 +70,7 @@ async fn start_epoch(procs: &TfDataProcs) -> Epoch {
         ..ReadSpec::new(DatasetKind::Range(N), Mode::Dynamic)
     };
     let prepared = procs.prepare_readers(std::slice::from_ref(&spec));
-    let starting: Vec<_> = proxies
-        .iter()
-        .zip(free_ports(2))
-        .map(|(p, port)| procs.start_worker(&p.addr, Some(port)))
-        .collect();
-    let mut workers = Vec::new();
-    for w in starting {
-        workers.push(w.ready(START_PATIENCE).await);
-    }
+    let workers = workers_behind(procs, &proxies).await;
     let reader = prepared
         .go(&proxies[0].addr)
         .pop()
@@ -91,28 +84,47 @@ async fn start_epoch(procs: &TfDataProcs) -> Epoch {
     }
 }
 
+/// One TF worker behind each of `proxies` (as on separate hosts), started at once and ready.
+async fn workers_behind(procs: &TfDataProcs, proxies: &[Sidecar]) -> Vec<Worker> {
+    let starting: Vec<_> = proxies
+        .iter()
+        .zip(free_ports(proxies.len()))
+        .map(|(p, port)| procs.start_worker(&p.addr, Some(port)))
+        .collect();
+    let mut workers = Vec::new();
+    for w in starting {
+        workers.push(w.ready(START_PATIENCE).await);
+    }
+    workers
+}
+
+/// `reader`'s epoch completes with every element exactly once, and none of `workers` saw an
+/// error.
+async fn finishes_exactly_once(reader: &Reader, workers: &[Worker], what: &str) {
+    let read = reader
+        .finish(READ_PATIENCE)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: the reader saw an error: {e}"));
+    assert_eq!(
+        read.sorted(),
+        (0..N as i64).collect::<Vec<_>>(),
+        "{what}: not every element exactly once ({} read)",
+        read.elements.len()
+    );
+    for w in workers {
+        assert!(
+            w.errors().is_empty(),
+            "{what}: worker {} reported {:?}",
+            w.address,
+            w.errors()
+        );
+    }
+}
+
 impl Epoch {
     /// The epoch completes with every element exactly once, and no TF process saw an error.
     async fn finishes_exactly_once(&self, what: &str) {
-        let read = self
-            .reader
-            .finish(READ_PATIENCE)
-            .await
-            .unwrap_or_else(|e| panic!("{what}: the reader saw an error: {e}"));
-        assert_eq!(
-            read.sorted(),
-            (0..N as i64).collect::<Vec<_>>(),
-            "{what}: not every element exactly once ({} read)",
-            read.elements.len()
-        );
-        for w in &self.workers {
-            assert!(
-                w.errors().is_empty(),
-                "{what}: worker {} reported {:?}",
-                w.address,
-                w.errors()
-            );
-        }
+        finishes_exactly_once(&self.reader, &self.workers, what).await
     }
 }
 
@@ -145,16 +157,7 @@ async fn operators_see_the_epoch(e: &mut Epoch) {
         assert!(addresses.contains(&w.address.as_str()), "{workers}");
     }
     let journal = coordctl_json(&eps, &["dispatcher", "journal", "--limit", "100000"]);
-    let splits = journal["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .filter(|e| {
-            e["update"]
-                .as_str()
-                .is_some_and(|u| u.starts_with("tfdata.get_split("))
-        })
-        .count();
+    let splits = tf_splits_in(&journal);
     // Every split is in the journal, in the proxies' leases (up to 256 at a time, fewer at the
     // start and the end of the epoch; and the end-of-splits answers after them).
     assert!(
@@ -244,4 +247,113 @@ async fn an_epoch_resumes_at_its_split_position_after_a_full_restart() {
     );
     e.finishes_exactly_once("a full restart").await;
     eprintln!("{test}: {:.1?}", started.elapsed());
+}
+
+/// Two tf.data jobs with the same job name and dataset, each in its own namespace behind its own
+/// `coord-proxy --namespace`, through a leader kill: each reader reads its whole epoch exactly
+/// once (one dispatcher would split one epoch between the two readers), each namespace's
+/// dispatcher holds its own iteration, worker and journal, and the default namespace's none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_job_name_in_two_namespaces_is_two_epochs_through_a_leader_kill() {
+    let test = "one_job_name_in_two_namespaces_is_two_epochs_through_a_leader_kill";
+    let Some(procs) = procs_or_skip(test) else {
+        return;
+    };
+    let started = Instant::now();
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(START_PATIENCE).await;
+    let eps = cluster.endpoints();
+    let names = ["team-a", "team-b"];
+    let proxies: Vec<Sidecar> = names
+        .iter()
+        .map(|n| Sidecar::start_with(&eps, &["--namespace".to_string(), n.to_string()]))
+        .collect();
+    let spec = ReadSpec {
+        job_name: Some("shared".into()),
+        progress_every: 500,
+        ..ReadSpec::new(DatasetKind::Range(N), Mode::Dynamic)
+    };
+    let prepared: Vec<_> = names
+        .iter()
+        .map(|_| procs.prepare_readers(std::slice::from_ref(&spec)))
+        .collect();
+    let workers = workers_behind(&procs, &proxies).await;
+    let readers: Vec<Reader> = prepared
+        .into_iter()
+        .zip(&proxies)
+        .map(|(p, proxy)| p.go(&proxy.addr).pop().expect("one spec, one reader"))
+        .collect();
+    let clients: Vec<DispatchClient> = names
+        .iter()
+        .map(|n| dispatch_client_in(&eps, Some(n)))
+        .collect();
+    // Both epochs under way, then kill -9 the leader.
+    for d in &clients {
+        wait_position(d, N / 4, "before the kill").await;
+    }
+    let leader = cluster.wait_for_leader(START_PATIENCE).await;
+    cluster.kill(leader);
+    eprintln!(
+        "{test}: leader {leader} killed {:.1?} into the test",
+        started.elapsed()
+    );
+    for ((name, reader), worker) in names.iter().zip(&readers).zip(&workers) {
+        finishes_exactly_once(reader, std::slice::from_ref(worker), name).await;
+    }
+    for ((name, d), worker) in names.iter().zip(&clients).zip(&workers) {
+        let jobs = d.list_jobs(pb::ListJobsRequest {}).await.expect("jobs");
+        let named: Vec<&str> = jobs
+            .tf_iterations
+            .iter()
+            .map(|it| it.job_name.as_str())
+            .collect();
+        assert_eq!(named, ["shared"], "{name}: {jobs:?}");
+        let ws = d
+            .get_workers(pb::GetWorkersRequest {})
+            .await
+            .expect("workers");
+        let addresses: Vec<&str> = ws.tf_workers.iter().map(|w| w.address.as_str()).collect();
+        assert_eq!(addresses, [worker.address.as_str()], "{name}");
+        let journal = coordctl_json(
+            &eps,
+            &["-n", name, "dispatcher", "journal", "--limit", "100000"],
+        );
+        let splits = tf_splits_in(&journal);
+        assert!(
+            splits >= N as usize / 256,
+            "{name}: {splits} GetSplit updates in its journal"
+        );
+    }
+    // The default namespace's dispatcher saw none of it.
+    let default = dispatch_client(&eps);
+    let jobs = default
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .expect("jobs");
+    assert!(
+        jobs.tf_iterations.is_empty() && jobs.jobs.is_empty(),
+        "the default namespace: {jobs:?}"
+    );
+    let ws = default
+        .get_workers(pb::GetWorkersRequest {})
+        .await
+        .expect("workers");
+    assert!(ws.tf_workers.is_empty(), "the default namespace: {ws:?}");
+    let journal = coordctl_json(&eps, &["dispatcher", "journal", "--limit", "100000"]);
+    assert_eq!(tf_splits_in(&journal), 0, "the default namespace's journal");
+    eprintln!("{test}: {:.1?}", started.elapsed());
+}
+
+/// GetSplit updates in a journal as `coordctl -o json dispatcher journal` prints it.
+fn tf_splits_in(journal: &serde_json::Value) -> usize {
+    journal["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| {
+            e["update"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("tfdata.get_split("))
+        })
+        .count()
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use coord_tests::cluster::free_ports;
 use coord_tests::tcpstore_client::StoreClient;
 use coord_tests::torch::{StoreSidecar, Torch};
-use coord_tests::torchrun::{Launched, NodeArgs};
+use coord_tests::torchrun::{finished, torchrun_args, Launched};
 use coord_tests::{Cluster, ClusterOptions};
 use serde_json::Value;
 
@@ -235,30 +235,6 @@ async fn bad_input_closes_only_its_connection() {
     ping(&mut good, 8);
     let status = cluster.status(cluster.ids()[0]);
     assert!(status.is_some(), "the ensemble still answers");
-}
-
-/// The steps a torchrun job reported and its result, once it exited 0 (within 300 s).
-fn finished(job: &mut Launched) -> (Vec<u64>, String) {
-    assert_eq!(
-        job.finish(Duration::from_secs(300)),
-        Some(0),
-        "{}",
-        job.seen.join("\n")
-    );
-    job.steps_and_result()
-}
-
-fn torchrun_args(store: &str, run_id: &str, steps: u64) -> Vec<String> {
-    NodeArgs {
-        nnodes: "1",
-        nproc_per_node: 2,
-        endpoint: store,
-        run_id,
-        conf: "is_host=false",
-        extra: &["--max-restarts=3"],
-        steps,
-    }
-    .to_args()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! data-worker --coordinators 10.0.0.1:7101,10.0.0.2:7101,10.0.0.3:7101 --listen 0.0.0.0:7300 \
-//!     --advertise 10.0.0.7:7300
+//!     --advertise 10.0.0.7:7300 [--namespace NAME]
 //! ```
 //!
 //! It heartbeats the dispatcher (through any replica), runs the tasks it is given and serves
@@ -41,6 +41,10 @@ struct Cli {
     /// How often the worker heartbeats the dispatcher.
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// The namespace whose dispatcher this worker serves (it must exist: `coordctl ns create`,
+    /// or a job's `coord-proxy --namespace`). None: the default one.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
     /// Threads of the async runtime.
     #[arg(long, default_value_t = 2)]
     worker_threads: usize,
@@ -92,8 +96,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
     let address = cli.advertise.unwrap_or_else(|| local.to_string());
-    let coord = CoordClient::new(cli.tls.client_options(cli.coordinators.clone())?)
-        .map_err(|e| e.message().to_string())?;
+    let mut options = cli.tls.client_options(cli.coordinators.clone())?;
+    options.namespace = cli.namespace;
+    let coord = CoordClient::new(options).map_err(|e| e.message().to_string())?;
     let service = DataWorkerService::new(address.clone(), DispatchClient::new(coord));
     tokio::spawn(
         service

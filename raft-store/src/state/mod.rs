@@ -251,6 +251,15 @@ impl CoordState {
             Some(n) => self.namespaces.get(n).map(|ns| &ns.space),
         }
     }
+
+    /// Every namespace's space: the default one (`None`) first, then the named ones by name.
+    pub fn spaces(&self) -> impl Iterator<Item = (Option<&str>, &Space)> {
+        let named = self
+            .namespaces
+            .iter()
+            .map(|(n, ns)| (Some(n.as_str()), &ns.space));
+        std::iter::once((None, &self.default)).chain(named)
+    }
 }
 
 #[cfg(test)]

@@ -220,8 +220,8 @@ impl Replica {
         let dispatcher = Arc::new(crate::serve::dispatcher::DispatcherCore {
             proposer: proposer.clone(),
             read_index: read_index.clone(),
-            reader: reader.clone(),
-            memory: Arc::default(),
+            reader: NsReader(reader.clone()),
+            memories: Default::default(),
             push: Default::default(),
             config: crate::serve::dispatcher::DispatcherConfig::from_args(&args),
         });

@@ -33,12 +33,7 @@ pub async fn run(
         if now_leading && !leading {
             // Re-arm every stored deadline: the old leader's timers died with it.
             reader.read(|a| {
-                let named = a
-                    .state
-                    .namespaces
-                    .iter()
-                    .map(|(name, n)| (Some(name.as_str().into()), &n.space));
-                for (ns, space) in std::iter::once((None, &a.state.default)).chain(named) {
+                for (ns, space) in namespace::spaces(a) {
                     let Some(c) = &space.cluster else { continue };
                     for b in c.barriers.pending() {
                         if let Some(at) = b.deadline_ms {

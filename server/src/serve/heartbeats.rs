@@ -116,14 +116,9 @@ impl Heartbeats {
 fn connected_tasks(
     applied: &coord_raft_store::storage::Applied,
 ) -> (u64, Vec<(Task, u64, Duration)>) {
-    let named = applied
-        .state
-        .namespaces
-        .iter()
-        .map(|(name, n)| (Some(name.as_str().into()), &n.space));
     let mut shortest = 0;
     let mut out = Vec::new();
-    for (ns, space) in std::iter::once((None, &applied.state.default)).chain(named) {
+    for (ns, space) in namespace::spaces(applied) {
         let Some(c) = &space.cluster else { continue };
         let timeout_ms = c.config.heartbeat_timeout_ms;
         if timeout_ms == 0 {
@@ -134,7 +129,6 @@ fn connected_tasks(
         } else {
             shortest.min(timeout_ms)
         };
-        let ns: Ns = ns;
         out.extend(
             c.tasks
                 .iter()

@@ -85,6 +85,14 @@ pub fn space_of<'a>(applied: &'a Applied, ns: &Ns) -> &'a Space {
     applied.state.space(ns.as_deref()).unwrap_or(&EMPTY)
 }
 
+/// Every namespace of `applied` with its records, the default one first.
+pub fn spaces(applied: &Applied) -> impl Iterator<Item = (Ns, &Space)> {
+    applied
+        .state
+        .spaces()
+        .map(|(name, s)| (name.map(Arc::from), s))
+}
+
 /// Whether `ns` exists.
 pub fn exists(applied: &Applied, ns: &Ns) -> bool {
     applied.state.space(ns.as_deref()).is_some()

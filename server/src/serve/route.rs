@@ -239,7 +239,7 @@ impl Router {
                 }
             }
         };
-        let ns = match self.namespace_of(&req).and_then(|ns| served_in(method, ns)) {
+        let ns = match self.namespace_of(&req).map(|ns| served_in(method, ns)) {
             Ok(ns) => ns,
             Err(s) => {
                 self.metrics.record_rpc(method, s.code(), started.elapsed());
@@ -451,22 +451,13 @@ impl Router {
     }
 }
 
-/// `ns`, if `method` is served in it. tf.data's dispatcher keeps leader memory (workers, clients)
-/// and leader duties of its own that know no namespace yet, so it is served in the default
-/// namespace only, and a call of it bound to another is refused rather than served in the
-/// default one.
-///
-/// The calls that manage namespaces name the one they act on, and run outside every namespace.
-fn served_in(method: &str, ns: Ns) -> Result<Ns, Status> {
+/// The namespace `method` acts in when bound to `ns`: its own, but the calls that manage
+/// namespaces name the one they act on, and run outside every namespace.
+fn served_in(method: &str, ns: Ns) -> Ns {
     if method.starts_with("namespaces/") {
-        return Ok(None);
-    }
-    let dispatcher = method.starts_with("tfdata/") || method.starts_with("dispatcher/");
-    match &ns {
-        Some(name) if dispatcher => Err(Status::unimplemented(format!(
-            "{method}: the tf.data dispatcher is served in the default namespace only, not yet in namespace {name:?}"
-        ))),
-        _ => Ok(ns),
+        None
+    } else {
+        ns
     }
 }
 

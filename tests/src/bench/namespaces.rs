@@ -8,6 +8,13 @@
 //! noisy neighbour costs. It also reports how many of the noisy writes the ensemble took (held to
 //! the noisy namespace's rate), and what an empty namespace costs in the state (the growth of a
 //! backup of the whole state per namespace declared).
+//!
+//! Last, whether a namespace's memory comes back: `--memory-namespaces` namespaces are filled
+//! with `--memory-mib` MiB of values each; half are deleted (`ns delete`), the other half left to
+//! their TTL; then every replica snapshots (so its log no longer holds the writes) and each
+//! replica's resident memory (VmRSS) and the state's bytes are compared before, full and after.
+//! Twice: what the allocator keeps after the first cycle is reused by the second if nothing
+//! leaks.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,6 +43,12 @@ pub struct Args {
     /// Concurrent writers in the noisy namespace.
     #[arg(long, default_value_t = 64)]
     pub noisy_writers: usize,
+    /// Namespaces filled, then deleted or expired, to see memory come back.
+    #[arg(long, default_value_t = 20)]
+    pub memory_namespaces: usize,
+    /// MiB of values in each of them.
+    #[arg(long, default_value_t = 4)]
+    pub memory_mib: usize,
 }
 
 fn client(endpoints: &[String], namespace: Option<String>) -> Result<CoordClient, String> {
@@ -311,6 +324,161 @@ pub async fn run(args: Args) -> Result<(), String> {
         if let Some(first) = f.first.lock().ok().and_then(|f| f.clone()) {
             println!("\nfirst quiet failure ({phase}): {first}");
         }
+    }
+    memory_back(&cluster, &ops, &args).await
+}
+
+/// Each replica's resident bytes, in the order of `cluster.ids()`, once mimalloc has had time to
+/// give freed pages back.
+async fn settled_rss(cluster: &crate::Cluster) -> Vec<u64> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster
+        .ids()
+        .iter()
+        .map(|&id| {
+            cluster
+                .pid(id)
+                .and_then(super::tasks::rss_bytes)
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Every replica snapshots, so that its log holds none of what was written before.
+async fn snapshot_all(cluster: &crate::Cluster, ops: &CoordClient) -> Result<(), String> {
+    for i in 0..cluster.ids().len() {
+        ops.snapshot_of(i)
+            .await
+            .map_err(|e| format!("snapshot of replica {i}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// State bytes, and each replica's resident bytes.
+type Measure = (u64, Vec<u64>);
+
+/// One fill-and-free cycle's measures when full and after.
+struct Cycle {
+    full: Measure,
+    after: Measure,
+    /// From the first delete until the last namespace was gone (the TTL's included).
+    freed: Duration,
+}
+
+/// Fills `--memory-namespaces` namespaces of cycle `cycle`, then deletes half and lets the TTL
+/// take the rest.
+async fn fill_and_free(
+    cluster: &crate::Cluster,
+    ops: &CoordClient,
+    args: &Args,
+    cycle: usize,
+) -> Result<Cycle, String> {
+    const VALUE: usize = 64 << 10;
+    // Long enough that none expires before the full state is measured.
+    const TTL_MS: u64 = 30_000;
+    let endpoints = cluster.endpoints();
+    let prefix = format!("memory-{cycle}-");
+    let names: Vec<String> = (0..args.memory_namespaces)
+        .map(|i| format!("{prefix}{i}"))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        // The odd ones are left to their TTL.
+        let limits = (i % 2 == 1).then(|| NamespaceLimits {
+            ttl_ms: TTL_MS,
+            ..NamespaceLimits::default()
+        });
+        ops.declare_namespace(DeclareNamespaceRequest {
+            name: name.clone(),
+            shape: Some(NamespaceShape::default()),
+            limits,
+        })
+        .await
+        .map_err(|e| format!("declare {name}: {e}"))?;
+        let cl = client(&endpoints, Some(name.clone()))?;
+        for k in 0..(args.memory_mib << 20) / VALUE {
+            cl.insert(&format!("v/{k}"), Bytes::from(vec![b'm'; VALUE]), true)
+                .await
+                .map_err(|e| format!("fill {name}: {e}"))?;
+        }
+    }
+    snapshot_all(cluster, ops).await?;
+    let full = (state_size(ops).await?, settled_rss(cluster).await);
+    let left = |rows: Vec<coord_proto::coord::admin::NamespaceRow>| {
+        rows.iter().filter(|r| r.name.starts_with(&prefix)).count()
+    };
+    let listed = left(ops.list_namespaces().await.map_err(|e| e.to_string())?);
+    if listed != names.len() {
+        return Err(format!(
+            "{listed} of {} namespaces left when the full state was measured: raise the TTL",
+            names.len()
+        ));
+    }
+    let started = Instant::now();
+    for name in names.iter().step_by(2) {
+        ops.delete_namespace(name)
+            .await
+            .map_err(|e| format!("delete {name}: {e}"))?;
+    }
+    // The TTL counts from each one's last write; the leader looks once a second.
+    let deadline = Instant::now() + Duration::from_millis(TTL_MS) + Duration::from_secs(60);
+    loop {
+        let n = left(ops.list_namespaces().await.map_err(|e| e.to_string())?);
+        if n == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{n} namespaces outlived their {TTL_MS} ms TTL by a minute"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let freed = started.elapsed();
+    snapshot_all(cluster, ops).await?;
+    let after = (state_size(ops).await?, settled_rss(cluster).await);
+    Ok(Cycle { full, after, freed })
+}
+
+/// Two cycles of filling namespaces and freeing them (half deleted, half expired), and each
+/// replica's resident memory and the state's bytes before, full and after each: what a delete
+/// gives back, and whether churn grows a replica.
+async fn memory_back(
+    cluster: &crate::Cluster,
+    ops: &CoordClient,
+    args: &Args,
+) -> Result<(), String> {
+    snapshot_all(cluster, ops).await?;
+    let before = (state_size(ops).await?, settled_rss(cluster).await);
+    let mut cycles = Vec::new();
+    for cycle in 1..=2 {
+        cycles.push(fill_and_free(cluster, ops, args, cycle).await?);
+    }
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+    println!(
+        "\n| memory: 2 cycles of {} namespaces x {} MiB filled, then half deleted, half expired by TTL | before | full 1 | after 1 | full 2 | after 2 |",
+        args.memory_namespaces, args.memory_mib
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let row = |what: String, of: &dyn Fn(&Measure) -> u64| {
+        let mut cells = vec![mib(of(&before))];
+        for c in &cycles {
+            cells.push(mib(of(&c.full)));
+            cells.push(mib(of(&c.after)));
+        }
+        println!("| {what} | {} |", cells.join(" | "));
+    };
+    row("state (backup bytes)".into(), &|m| m.0);
+    for (i, id) in cluster.ids().iter().enumerate() {
+        row(format!("replica {id} resident (VmRSS)"), &|m| {
+            m.1.get(i).copied().unwrap_or(0)
+        });
+    }
+    for (i, c) in cycles.iter().enumerate() {
+        println!(
+            "\ncycle {}: every namespace gone {:.1} s after the first delete (TTL 30 s)",
+            i + 1,
+            c.freed.as_secs_f64()
+        );
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
 use coord_tests::jax::JAX_0_12;
+use coord_tests::jax_failover::increments;
 use coord_tests::{Cluster, ClusterOptions};
 use serde_json::Value;
 
@@ -186,13 +187,9 @@ async fn jax_mtls_straight_to_a_follower() {
             serde_json::json!([0, 1])
         );
     }
-    let mut increments: Vec<i64> = (0..u64::from(N))
-        .map(|t| {
-            entry(&log, t, "increment")["ok"]
-                .as_i64()
-                .expect("a number")
-        })
-        .collect();
-    increments.sort_unstable();
-    assert_eq!(increments, [1, 2], "each increment applied once");
+    assert_eq!(
+        increments(&log, u64::from(N)),
+        [1, 2],
+        "each increment applied once"
+    );
 }

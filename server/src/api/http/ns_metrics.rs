@@ -7,10 +7,11 @@
 
 use std::fmt::Write;
 
-use coord_raft_store::state::{Space, TaskState, DEFAULT_NAMESPACE};
+use coord_raft_store::state::{Space, TaskState};
 use coord_raft_store::storage::StateReader;
 
 use crate::ops::metrics::{gauge, header};
+use crate::serve::namespace;
 use crate::serve::parked::ParkBudget;
 
 /// Named namespaces with series of their own.
@@ -51,19 +52,13 @@ impl Usage {
 }
 
 pub fn write(out: &mut String, reader: &StateReader, budget: &ParkBudget) {
-    let (count, mut rows) = reader.read(|a| {
-        let named: Vec<Usage> = a
-            .state
-            .namespaces
-            .iter()
-            .map(|(name, n)| Usage::of(name, &n.space, budget.used_in(&Some(name.as_str().into()))))
-            .collect();
-        let default = Usage::of(DEFAULT_NAMESPACE, &a.state.default, budget.used_in(&None));
-        (
-            named.len(),
-            std::iter::once(default).chain(named).collect::<Vec<_>>(),
-        )
+    // The default namespace first.
+    let mut rows: Vec<Usage> = reader.read(|a| {
+        namespace::spaces(a)
+            .map(|(ns, space)| Usage::of(namespace::shown(&ns), space, budget.used_in(&ns)))
+            .collect()
     });
+    let count = rows.len() - 1;
     gauge(
         out,
         "coord_namespaces",

@@ -130,7 +130,7 @@ impl DispatcherCore {
                 iteration, client, ..
             } => {
                 // coord's clients are released when silent, even before their first heartbeat.
-                self.memory.client_heard(client, None);
+                self.memory().client_heard(client, None);
                 Ok(pb::GetOrCreateJobResponse {
                     job_id: wire(iteration),
                     client_id: wire(client),
@@ -154,7 +154,7 @@ impl DispatcherCore {
             time_micros: now_micros(),
         };
         self.commit(id, op).await?;
-        self.memory.forget_client(c);
+        self.memory().forget_client(c);
         Ok(())
     }
 
@@ -197,7 +197,7 @@ impl DispatcherCore {
                 "worker_address must not be empty".into(),
             ));
         }
-        self.memory.worker_heard(&address);
+        self.memory().worker_heard(&address);
         let (known, rounds) = self
             .read(|s| {
                 let known = s
@@ -205,7 +205,7 @@ impl DispatcherCore {
                     .get(&address)
                     .filter(|w| w.reports_delivery && !w.lost)
                     .map(|w| w.registration);
-                (known, self.memory.iteration_rounds(s))
+                (known, self.memory().iteration_rounds(s))
             })
             .await?;
         let registration = match known {

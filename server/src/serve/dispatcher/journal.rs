@@ -1,7 +1,8 @@
 //! The dispatcher's journal, read back from the Raft log: one line per dispatcher update (from
 //! either surface: TensorFlow's RPCs read `tfdata.<rpc>`), with the entry's index, term and the
 //! leader's clock. Entries compacted into a snapshot are gone from the log (the snapshot holds
-//! their effect), so the journal starts at the first entry kept.
+//! their effect), so the journal starts at the first entry kept. It is the current namespace's
+//! journal: updates of other namespaces' dispatchers are left out.
 
 use coord_proto::coord::dispatcher as pb;
 use coord_raft_store::storage::LogStore;
@@ -10,6 +11,7 @@ use openraft::storage::RaftLogStorage;
 use openraft::{EntryPayload, RaftLogReader};
 
 use crate::error::CoordError;
+use crate::serve::namespace;
 
 /// At most this many entries per call.
 const MAX_ENTRIES: u64 = 10_000;
@@ -31,6 +33,7 @@ pub async fn read(
         req.limit.min(MAX_ENTRIES)
     };
     let mut at = req.from_index.max(first);
+    let ns = namespace::current();
     let mut entries = Vec::new();
     // Read in chunks: most entries may be other commands.
     while at <= last && (entries.len() as u64) < limit {
@@ -43,7 +46,15 @@ pub async fn read(
                 continue;
             };
             for c in &p.commands {
-                let update = match &c.op {
+                let op = match (&c.op, &ns) {
+                    (Op::InNamespace { namespace, op }, Some(name)) if **name == **namespace => {
+                        &**op
+                    }
+                    (Op::InNamespace { .. }, _) => continue,
+                    (op, None) => op,
+                    (_, Some(_)) => continue,
+                };
+                let update = match op {
                     Op::Dispatcher(op) => op.to_string(),
                     Op::LegacyDispatch(op) => op.to_string(),
                     _ => continue,

@@ -3,6 +3,9 @@
 //! consumers' pending requests to remove a task. Never journaled (TF does not journal them
 //! either); a new leader starts empty and grants every worker and client a full timeout from its
 //! first moment, as TF does after a restart.
+//!
+//! Each namespace has a dispatcher of its own, so a [`Memory`] of its own ([`Memories::of`]):
+//! client ids, task ids and worker addresses of two namespaces never meet.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,6 +14,54 @@ use std::time::{Duration, Instant};
 use coord_raft_store::dispatcher::DispatcherState;
 
 use super::remover::TaskRemover;
+use crate::serve::namespace::Ns;
+
+/// The leader's memory of every namespace's dispatcher, each made on first use.
+#[derive(Default)]
+pub struct Memories {
+    inner: Mutex<Leading>,
+}
+
+#[derive(Default)]
+struct Leading {
+    /// When this replica's leadership began (`None`: not leading).
+    since: Option<Instant>,
+    spaces: HashMap<Ns, Arc<Memory>>,
+}
+
+impl Memories {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Leading> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Namespace `ns`'s memory (made empty, under this leadership, on first use).
+    pub fn of(&self, ns: &Ns) -> Arc<Memory> {
+        let mut g = self.lock();
+        let since = g.since;
+        g.spaces
+            .entry(ns.clone())
+            .or_insert_with(|| Arc::new(Memory::leading_since(since)))
+            .clone()
+    }
+
+    /// Forgets everything: this replica just became leader.
+    pub fn start_leading(&self) {
+        *self.lock() = Leading {
+            since: Some(Instant::now()),
+            spaces: HashMap::new(),
+        };
+    }
+
+    pub fn stop_leading(&self) {
+        *self.lock() = Leading::default();
+    }
+
+    /// Forgets the namespaces `exists` denies (deleted ones: a name declared again starts
+    /// afresh).
+    pub fn retain(&self, exists: impl Fn(&Ns) -> bool) {
+        self.lock().spaces.retain(|ns, _| exists(ns));
+    }
+}
 
 #[derive(Default)]
 pub struct Memory {
@@ -100,15 +151,15 @@ impl Memory {
             .clone()
     }
 
-    /// Forgets everything: this replica just became leader.
-    pub fn start_leading(&self) {
-        let mut g = self.lock();
-        *g = Inner::default();
-        g.since = Some(Instant::now());
-    }
-
-    pub fn stop_leading(&self) {
-        self.lock().since = None;
+    /// An empty memory of a leadership that began at `since` (`None`: not leading, so nothing
+    /// times out).
+    fn leading_since(since: Option<Instant>) -> Memory {
+        Memory {
+            inner: Mutex::new(Inner {
+                since,
+                ..Inner::default()
+            }),
+        }
     }
 
     /// Of `present` workers (address, registration, its timeout), those silent past their
@@ -164,12 +215,13 @@ mod tests {
 
     #[test]
     fn a_new_leader_grants_grace_and_releases_once() {
-        let m = Memory::default();
         assert!(
-            m.overdue_clients(&[1], Duration::ZERO).is_empty(),
+            Memory::default()
+                .overdue_clients(&[1], Duration::ZERO)
+                .is_empty(),
             "not leading"
         );
-        m.start_leading();
+        let m = Memory::leading_since(Some(Instant::now()));
         m.client_acquired(2);
         assert!(m
             .overdue_clients(&[1, 2], Duration::from_secs(60))
@@ -190,10 +242,12 @@ mod tests {
 
     #[test]
     fn a_silent_worker_is_lost_once_per_registration() {
-        let m = Memory::default();
         let at = |r, ms| vec![("w:1".to_string(), r, Duration::from_millis(ms))];
-        assert!(m.overdue_workers(&at(3, 0)).is_empty(), "not leading");
-        m.start_leading();
+        assert!(
+            Memory::default().overdue_workers(&at(3, 0)).is_empty(),
+            "not leading"
+        );
+        let m = Memory::leading_since(Some(Instant::now()));
         assert!(m.overdue_workers(&at(3, 60_000)).is_empty());
         std::thread::sleep(Duration::from_millis(3));
         assert_eq!(m.overdue_workers(&at(3, 1)), vec![("w:1".to_string(), 3)]);
@@ -203,6 +257,31 @@ mod tests {
         assert!(m.overdue_workers(&at(4, 60_000)).is_empty());
         std::thread::sleep(Duration::from_millis(3));
         assert_eq!(m.overdue_workers(&at(4, 1)), vec![("w:1".to_string(), 4)]);
+    }
+
+    #[test]
+    fn each_namespace_remembers_apart_under_one_leadership() {
+        let all = Memories::default();
+        let a: Ns = Some("a".into());
+        assert!(
+            all.of(&a).overdue_clients(&[1], Duration::ZERO).is_empty(),
+            "not leading"
+        );
+        all.start_leading();
+        all.of(&None).client_heard(1, Some(7));
+        // A namespace first used after the leadership began times out under it.
+        std::thread::sleep(Duration::from_millis(3));
+        assert_eq!(
+            all.of(&a).overdue_clients(&[1], Duration::from_millis(1)),
+            vec![1]
+        );
+        assert_eq!(all.of(&a).client_heard(1, None), 0, "rounds are apart");
+        assert_eq!(all.of(&None).client_heard(1, None), 7);
+        all.of(&a).client_heard(1, Some(2));
+        all.retain(|ns| ns.is_none());
+        assert_eq!(all.of(&a).client_heard(1, None), 0, "a deleted name forgot");
+        all.stop_leading();
+        assert!(all.of(&a).overdue_clients(&[1], Duration::ZERO).is_empty());
     }
 
     #[test]

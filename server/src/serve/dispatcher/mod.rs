@@ -2,6 +2,10 @@
 //! `coord_raft_store::dispatcher`: every change is one Raft command (the log is the journal),
 //! reads wait for the read index and read the applied state.
 //!
+//! Every namespace has a dispatcher of its own: a call acts on its namespace's
+//! `DispatcherState` (commits are bound by the proposer, reads by [`NsReader`]) and its
+//! namespace's leader [`memory`]; the [`timers`] judge every namespace's.
+//!
 //! Two wire surfaces read and change that one state, each a thin adapter that translates its
 //! messages and codes: [`tf`], TensorFlow 2.21's `tensorflow.data.DispatcherService` (unmodified
 //! TF workers and `distribute()` clients), and [`coord`], coord's own `coord.dispatcher`
@@ -29,13 +33,13 @@ pub mod timers;
 use std::sync::Arc;
 
 use coord_raft_store::dispatcher::{DispatcherOp, DispatcherOutput, DispatcherState};
-use coord_raft_store::storage::StateReader;
 use coord_raft_store::{Command, Op, Output, RequestId};
 
 use crate::error::CoordError;
+use crate::serve::namespace::{self, NsReader};
 use crate::serve::proposer::Proposer;
 use crate::serve::read_index::ReadIndex;
-use memory::Memory;
+use memory::{Memories, Memory};
 
 /// The dispatcher's settings (flags of the coordinator).
 #[derive(Clone, Debug, Default)]
@@ -67,8 +71,8 @@ impl DispatcherConfig {
 pub struct DispatcherCore {
     pub proposer: Proposer,
     pub read_index: ReadIndex,
-    pub reader: StateReader,
-    pub memory: Arc<Memory>,
+    pub reader: NsReader,
+    pub memories: Memories,
     pub push: push::WorkerPush,
     pub config: DispatcherConfig,
 }
@@ -116,7 +120,12 @@ impl DispatcherCore {
 
     /// Reads the applied state as it is (after a commit of this leader's, it includes it).
     pub(crate) fn applied<T>(&self, f: impl FnOnce(&DispatcherState) -> T) -> T {
-        self.reader.read(|a| f(&a.state.dispatcher))
+        self.reader.read(|v| f(&v.state.dispatcher))
+    }
+
+    /// The leader's memory of the current namespace's dispatcher.
+    pub(crate) fn memory(&self) -> Arc<Memory> {
+        self.memories.of(&namespace::current())
     }
 
     /// A client's heartbeat with its rounds: `check` (the surface's, in its words) refuses an
@@ -130,7 +139,7 @@ impl DispatcherCore {
         (current_round, blocked_round): (Option<i64>, Option<i64>),
         check: impl FnOnce(&DispatcherState) -> Result<(), CoordError>,
     ) -> Result<(), CoordError> {
-        let client_round = self.memory.client_heard(client, current_round);
+        let client_round = self.memory().client_heard(client, current_round);
         let moves_a_pending_task = self
             .read(|s| {
                 check(s)?;

@@ -51,10 +51,10 @@ impl DispatcherCore {
             })
             .await?;
         for w in &mut reply.workers {
-            w.millis_since_heartbeat = self.memory.worker_silence_ms(&w.address);
+            w.millis_since_heartbeat = self.memory().worker_silence_ms(&w.address);
         }
         for w in &mut reply.tf_workers {
-            w.millis_since_heartbeat = self.memory.worker_silence_ms(&w.address);
+            w.millis_since_heartbeat = self.memory().worker_silence_ms(&w.address);
         }
         Ok(reply)
     }

@@ -9,6 +9,9 @@
 //! forgets only its heartbeat time; an ensemble outlives the jobs whose workers are gone).
 //! DYNAMIC iterations are never collected, as in TF (`gc_dynamic_sharding_jobs` is off): their
 //! visitation guarantee would not survive being made again.
+//!
+//! Every namespace's dispatcher is judged on each tick, against its own memory, and each decision
+//! is bound to its namespace: this task runs outside every call's binding.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,11 +20,14 @@ use std::time::Duration;
 use coord_raft_store::dispatcher::{sharding, DispatcherOp, DispatcherState};
 use coord_raft_store::Op;
 
+use super::memory::Memory;
 use super::{now_micros, DispatcherCore};
 use crate::raft::leader::{LeaderWatch, Leadership};
+use crate::serve::namespace::{self, Ns};
 
-fn propose(core: &DispatcherCore, op: DispatcherOp) {
-    core.proposer.propose_decision(Op::Dispatcher(op));
+fn propose(core: &DispatcherCore, ns: &Ns, op: DispatcherOp) {
+    core.proposer
+        .propose_decision(namespace::bind_to(ns, Op::Dispatcher(op)));
 }
 
 pub async fn run(core: Arc<DispatcherCore>, leader: LeaderWatch) {
@@ -35,9 +41,9 @@ pub async fn run(core: Arc<DispatcherCore>, leader: LeaderWatch) {
     loop {
         let now_leading = leader.current() == Leadership::Me;
         if now_leading && !leading {
-            core.memory.start_leading();
+            core.memories.start_leading();
         } else if !now_leading && leading {
-            core.memory.stop_leading();
+            core.memories.stop_leading();
         }
         leading = now_leading;
         if leading {
@@ -55,6 +61,12 @@ struct Candidates {
     delivering: HashSet<String>,
     clients: Vec<i64>,
     idle: Vec<(i64, bool)>,
+}
+
+impl Candidates {
+    fn is_empty(&self) -> bool {
+        self.workers.is_empty() && self.clients.is_empty() && self.idle.is_empty()
+    }
 }
 
 fn candidates(s: &DispatcherState, cfg: &super::DispatcherConfig, now: i64) -> Candidates {
@@ -112,14 +124,31 @@ fn candidates(s: &DispatcherState, cfg: &super::DispatcherConfig, now: i64) -> C
     }
 }
 
+/// Judges every namespace's dispatcher (one with nothing to judge costs one look at its state).
 fn judge(core: &DispatcherCore) {
     let now = now_micros();
-    let c = core.applied(|s| candidates(s, &core.config, now));
-    for (address, registration) in core.memory.overdue_workers(&c.workers) {
+    let (existing, judged): (HashSet<Ns>, Vec<(Ns, Candidates)>) = core.reader.all().read(|a| {
+        let existing = namespace::spaces(a).map(|(ns, _)| ns).collect();
+        let judged = namespace::spaces(a)
+            .map(|(ns, space)| (ns, candidates(&space.dispatcher, &core.config, now)))
+            .filter(|(_, c)| !c.is_empty())
+            .collect();
+        (existing, judged)
+    });
+    // A deleted namespace's memory goes; a name declared again starts afresh.
+    core.memories.retain(|ns| existing.contains(ns));
+    for (ns, c) in judged {
+        judge_one(core, &ns, &core.memories.of(&ns), c, now);
+    }
+}
+
+fn judge_one(core: &DispatcherCore, ns: &Ns, memory: &Memory, c: Candidates, now: i64) {
+    for (address, registration) in memory.overdue_workers(&c.workers) {
         if c.delivering.contains(&address) {
             tracing::warn!(worker = %address, registration, "data worker missed its heartbeats; declaring it dead and re-issuing its splits");
             propose(
                 core,
+                ns,
                 DispatcherOp::DataWorkerTimeout {
                     address,
                     registration,
@@ -127,17 +156,18 @@ fn judge(core: &DispatcherCore) {
             );
         } else {
             tracing::warn!(worker = %address, "tf.data worker missed its heartbeats; new iterations get no task on it until it is back");
-            propose(core, DispatcherOp::WorkerLost { address });
+            propose(core, ns, DispatcherOp::WorkerLost { address });
         }
     }
     let timeout = Duration::from_millis(core.config.client_timeout_ms);
-    for client in core.memory.overdue_clients(&c.clients, timeout) {
+    for client in memory.overdue_clients(&c.clients, timeout) {
         tracing::warn!(
             client,
             "dispatcher client missed its heartbeats; releasing it"
         );
         propose(
             core,
+            ns,
             DispatcherOp::ClientTimeout {
                 client,
                 time_micros: now,
@@ -151,6 +181,7 @@ fn judge(core: &DispatcherCore) {
         );
         propose(
             core,
+            ns,
             if definition {
                 DispatcherOp::CollectJob { iteration }
             } else {

@@ -67,7 +67,7 @@ impl DispatcherCore {
                 ))
             }
         };
-        self.memory.client_acquired(client);
+        self.memory().client_acquired(client);
         // As TF does before it answers: hand the new tasks to their workers.
         let defs: Vec<(String, pb::TaskDef)> = self.applied(|s| {
             new_tasks
@@ -92,7 +92,7 @@ impl DispatcherCore {
             time_micros: now_micros(),
         };
         self.commit(id, op).await?;
-        self.memory.forget_client(client);
+        self.memory().forget_client(client);
         Ok(())
     }
 
@@ -158,7 +158,7 @@ impl DispatcherCore {
             Some(Some(n)) => n,
         };
         let removed = self
-            .memory
+            .memory()
             .remover(req.task_id, consumers)
             .request_removal(req.consumer_index, req.round, remover::WAIT)
             .await;

@@ -30,7 +30,7 @@ impl DispatcherCore {
                 "WorkerHeartbeat: worker_address must not be empty".into(),
             ));
         }
-        self.memory.worker_heard(&address);
+        self.memory().worker_heard(&address);
         let (known, lost, lacks_a_task, index, rounds) = self
             .read(|s| {
                 if s.workers.get(&address).is_some_and(|w| w.reports_delivery) {
@@ -54,7 +54,7 @@ impl DispatcherCore {
                     lost,
                     !s.round_robin_iterations_without(&address).is_empty(),
                     index,
-                    self.memory.iteration_rounds(s),
+                    self.memory().iteration_rounds(s),
                 ))
             })
             .await??;
