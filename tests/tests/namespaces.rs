@@ -318,6 +318,22 @@ async fn a_namespace_at_its_limits_leaves_the_others_alone() {
         .expect("the fifth get is answered at once")
         .expect_err("the fifth get is refused");
     assert_refused(&err, Code::ResourceExhausted, &["\"parked\"", "max_parked"]);
+    // A watch holds a slot of the same bound.
+    let refused = match tokio::time::timeout(TIMEOUT, parked.open_watch("w", 0))
+        .await
+        .expect("the watch is answered at once")
+    {
+        Err(e) => e,
+        Ok(mut stream) => tokio::time::timeout(TIMEOUT, stream.message())
+            .await
+            .expect("the watch's refusal comes at once")
+            .expect_err("the watch is refused"),
+    };
+    assert_refused(
+        &refused,
+        Code::ResourceExhausted,
+        &["\"parked\"", "max_parked"],
+    );
     for w in &waiting {
         assert!(!w.is_finished(), "the four parked gets still wait");
     }
