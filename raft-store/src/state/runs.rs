@@ -79,30 +79,41 @@ impl JobRuns {
         }
     }
 
-    /// After task records changed: a run with no connected task is over (and one that has one
-    /// again, for example a recoverable task coming back, is not).
-    pub(crate) fn after_task_changes(&mut self, cluster: Option<&Cluster>, kv: &KvStore) {
+    /// After the records of `changed` tasks changed: a run with no connected task is over (and
+    /// one that has one again, for example a recoverable task coming back, is not).
+    ///
+    /// O(changed) while a task is connected: a registration storm of N tasks must not cost N²
+    /// (a task becomes connected only through a change of its own record, so the changed ones are
+    /// the only ones to add to `registered`).
+    pub(crate) fn after_task_changes<'a>(
+        &mut self,
+        cluster: Option<&Cluster>,
+        kv: &KvStore,
+        changed: impl Iterator<Item = &'a TaskName>,
+    ) {
         let Some(c) = cluster else {
             return;
         };
-        let connected: Vec<TaskName> = c
-            .tasks
-            .iter()
-            .filter(|(_, r)| r.state == TaskState::Connected)
-            .map(|(t, _)| t.clone())
-            .collect();
+        let is_connected = |t: &TaskName| {
+            c.tasks
+                .get(t)
+                .is_some_and(|r| r.state == TaskState::Connected)
+        };
+        let connected: BTreeSet<TaskName> = changed.filter(|t| is_connected(t)).cloned().collect();
         if self.number == 0 {
             if !connected.is_empty() {
                 *self = JobRuns {
                     number: 1,
                     opened_at: kv.revision(),
                     over_at: None,
-                    registered: connected.into_iter().collect(),
+                    registered: connected,
                 };
             }
             return;
         }
-        let any_connected = !connected.is_empty();
+        // Stops at the first connected task: at once while the job runs.
+        let any_connected =
+            !connected.is_empty() || c.tasks.iter().any(|(_, r)| r.state == TaskState::Connected);
         self.registered.extend(connected);
         if any_connected {
             self.over_at = None;

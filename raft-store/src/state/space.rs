@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::change::Change;
+use super::cluster::TaskName;
 use super::coordination::Cluster;
 use super::kv::KvStore;
 use super::quota::Quota;
@@ -310,12 +311,17 @@ impl Space {
             Some(c) => {
                 let before = changes.len();
                 let result = apply_coordination(c, op, now_ms, changes);
-                if changes[before..]
+                let changed: Vec<TaskName> = changes[before..]
                     .iter()
-                    .any(|ch| matches!(ch, Change::TaskChanged { .. }))
-                {
+                    .filter_map(|ch| match ch {
+                        Change::TaskChanged { task } => Some(task.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                if !changed.is_empty() {
                     c.tasks_changed(changes);
-                    self.runs.after_task_changes(Some(c), &self.kv);
+                    self.runs
+                        .after_task_changes(Some(c), &self.kv, changed.iter());
                 }
                 result
             }
