@@ -23,6 +23,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".")
         // Small initial buffers: a replica holds thousands of calls at once.
         .codec_path("crate::codec::SmallBufferCodec")
+        // Carries a device list encoded once for the whole job (see `wait_answer.rs`).
+        .extern_path(
+            ".tensorflow.WaitForAllTasksResponse",
+            "crate::tensorflow::WaitForAllTasksResponse",
+        )
         .compile_fds(fds)?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 //!
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 //! - [`fuzz`]: the deterministic random stream of the fuzz tests.
+//! - [`wait_answer`]: TensorFlow's `WaitForAllTasksResponse`, able to carry a device list encoded once.
 //! - The generated schemas, written in this file (each service's code uses [`codec`]):
 //!   - [`tensorflow`]: `tensorflow.CoordinationService`, TensorFlow's coordination service
 //!     schema, including the fields TensorFlow added later (`allow_overwrite`, barrier
@@ -33,6 +34,9 @@
 
 pub mod tensorflow {
     tonic::include_proto!("tensorflow");
+    /// Able to carry the job's devices encoded once (see [`crate::wait_answer`]).
+    pub type WaitForAllTasksResponse =
+        crate::wait_answer::WaitAnswer<DeviceInfo, CoordinationServiceDeviceInfo>;
 
     /// `GrpcPayloadContainer`: the error details TensorFlow and XLA put in
     /// `grpc-status-details-bin`.
@@ -137,3 +141,4 @@ pub mod metadata;
 pub mod shape;
 pub mod tf_dataset;
 pub mod tls;
+pub mod wait_answer;

@@ -17,6 +17,7 @@
 //! - [`wire`]: conversions between TensorFlow's wire types and the state machine's.
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
 //! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
+//! - [`shared_answer`]: answers every task gets alike, sent from one buffer (gzipped once).
 
 /// Routes a call of `$self.router` as `$kind` under the name `$name` (its metrics label): `$local`
 /// runs on the leader with `$self.core`, the message and its request id; a follower forwards it
@@ -48,6 +49,7 @@ pub mod namespaces;
 pub mod oversized;
 pub mod payloads;
 pub mod raw_kv;
+pub mod shared_answer;
 pub mod tf;
 pub mod tfdata;
 pub mod wire;

@@ -422,6 +422,7 @@ impl Replica {
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
                 .max_concurrent_streams(Some(this.args.max_concurrent_streams))
                 .layer(crate::api::oversized::OversizedLayer)
+                .layer(crate::api::shared_answer::SharedAnswerLayer)
         };
         // Peers' Raft connections are served on the Raft runtime (see `accept`); the client
         // server answers Raft calls too, from peers that connect without the preface.

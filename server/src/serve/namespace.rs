@@ -34,9 +34,10 @@ pub fn current() -> Ns {
     BOUND.try_with(Clone::clone).unwrap_or(None)
 }
 
-/// Runs `f` bound to namespace `ns`.
-pub async fn within<F: Future>(ns: Ns, f: F) -> F::Output {
-    BOUND.scope(ns, f).await
+/// Runs `f` bound to namespace `ns`. Not an `async fn`: that would hold `f` twice (its argument
+/// and the scope's copy), and a parked call pays for every byte of its future.
+pub fn within<F: Future>(ns: Ns, f: F) -> impl Future<Output = F::Output> {
+    BOUND.scope(ns, f)
 }
 
 /// The namespace a header value names: `default` (or no value) is the default one.

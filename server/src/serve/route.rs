@@ -259,18 +259,22 @@ impl Router {
         };
         let deadline = caller_deadline(&req);
         // Everything the call does, here or on the leader, acts in its namespace.
-        let driven = namespace::within(ns, self.drive(call, req, local, remote));
-        let result = match deadline {
-            // Answered before the transport's own timer fires, which would answer CANCELLED.
-            Some(d) => tokio::time::timeout(d.saturating_sub(DEADLINE_MARGIN), driven)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Status::deadline_exceeded(format!(
-                        "{method}: the caller's deadline ({d:?}) expired before the call completed"
-                    )))
-                }),
-            None => driven.await,
-        };
+        // Answered before the transport's own timer fires, which would answer CANCELLED; without
+        // a deadline the call runs under an instant that never comes. The call is built
+        // in place, never bound to a local: a moved-from local keeps its room in the future, and
+        // a parked call would hold its state twice.
+        let limit = deadline.map(|d| d.saturating_sub(DEADLINE_MARGIN));
+        let result = tokio::time::timeout(
+            limit.unwrap_or(FOREVER),
+            namespace::within(ns, self.drive(call, req, local, remote)),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!(
+                "{method}: the caller's deadline ({:?}) expired before the call completed",
+                deadline.unwrap_or_default()
+            )))
+        });
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record_rpc(method, code, started.elapsed());
         result.map(Response::new)
@@ -346,8 +350,10 @@ impl Router {
                     } else {
                         QUICK_FORWARD_TIMEOUT
                     };
+                    // Boxed: a tonic call's state is several KiB, and a call parked on the
+                    // leader would otherwise carry room for it.
                     let outcome = tokio::select! {
-                        r = self.forward(addr, &msg, id, &remote) => r,
+                        r = Box::pin(self.forward(addr, &msg, id, &remote)) => r,
                         () = tokio::time::sleep(patience) => {
                             let s = Status::unavailable(format!(
                                 "replica {} got no answer from leader {leader} within {} ms; try another replica",

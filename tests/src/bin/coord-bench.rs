@@ -44,7 +44,7 @@ enum Cmd {
     Rolling(rolling::Args),
     /// Many simulated tasks heartbeating once a second: register, WaitForAllTasks, one barrier
     /// across all; leader CPU and memory.
-    Tasks(TasksArgs),
+    Tasks(tasks::Args),
     /// Seeded fault-injection runs (crashes, pauses, partitions) checked for linearizability,
     /// barrier safety, lost writes and the task incarnation rules.
     Chaos(chaos::Args),
@@ -88,16 +88,6 @@ struct DispatcherArgs {
     no_e2e: bool,
 }
 
-#[derive(clap::Args, Clone)]
-struct TasksArgs {
-    /// Simulated tasks.
-    #[arg(long, default_value_t = 10_000)]
-    tasks: usize,
-    /// Connections the tasks share (a real job has one per task).
-    #[arg(long, default_value_t = 100)]
-    connections: usize,
-}
-
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
@@ -121,7 +111,7 @@ async fn main() {
             }
         }
         Cmd::Tasks(args) => {
-            if let Err(e) = tasks::report(args.tasks, args.connections).await {
+            if let Err(e) = tasks::report(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

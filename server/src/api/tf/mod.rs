@@ -28,6 +28,7 @@ use coord_raft_store::state::{DeviceInfo, ErrorEvent};
 use prost::Message;
 
 use crate::api::payloads::{detailed_with, with_payloads};
+use crate::api::shared_answer::{AnswerBytes, SharedAnswer};
 use crate::api::wire::{cluster_devices, devices_from, error_payload};
 use crate::error::{grpc_code, CoordError};
 use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
@@ -42,15 +43,71 @@ pub struct TfService {
     router: Arc<Router>,
     kv: Arc<KvCore>,
     coord: Arc<CoordCore>,
-    /// The last cluster device info built for WaitForAllTasks, per device list and kind: a whole
-    /// job released at once gets one copy built, not one per task.
-    devices: Mutex<Option<DevicesReply>>,
+    /// The last device lists encoded for WaitForAllTasks answers: a whole job released at once
+    /// gets each list encoded once, not once per task.
+    answers: Mutex<Vec<EncodedDevices>>,
 }
 
-struct DevicesReply {
+/// How many encoded device lists [`TfService::answers`] keeps (a few namespaces' jobs released
+/// at about the same time, each in the forms its clients asked for).
+const ENCODED_KEPT: usize = 8;
+
+/// The fields of a WaitForAllTasks answer that carry the job's devices, as one client form reads
+/// them, encoded once for every task of the job.
+struct EncodedDevices {
     from: Arc<Vec<DeviceInfo>>,
-    xla: bool,
-    reply: tf::CoordinationServiceDeviceInfo,
+    form: AnswerForm,
+    fields: bytes::Bytes,
+    /// The whole answer with these fields, for the incarnation it was made for: what
+    /// [`SharedAnswerLayer`](crate::api::shared_answer::SharedAnswerLayer) sends to every caller.
+    whole: Option<(u64, Arc<AnswerBytes>)>,
+}
+
+/// Which fields a caller reads the job's devices from, told by the fields it sent its own in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AnswerForm {
+    /// TF 2.21 (`device_info`, field 6): the answer's field 4 only.
+    Current,
+    /// Older releases (`local_device_info`, field 4): the answer's field 3 only, in the kind the
+    /// caller sent (TF device lists or XLA topologies).
+    Older { xla: bool },
+    /// Nothing sent: both fields, as either reader expects.
+    Unknown,
+}
+
+impl AnswerForm {
+    fn of(req: &tf::WaitForAllTasksRequest) -> Self {
+        use tf::coordination_service_device_info::Type;
+        match (&req.device_info, &req.local_device_info) {
+            (Some(_), _) => Self::Current,
+            (None, Some(old)) => Self::Older {
+                xla: matches!(old.r#type, Some(Type::Xla(_))),
+            },
+            (None, None) => Self::Unknown,
+        }
+    }
+
+    /// The job's devices as this form's fields, encoded.
+    fn encode(self, all: &[DeviceInfo]) -> bytes::Bytes {
+        use coord_proto::wait_answer::encoded_field;
+        let older = |xla: bool| {
+            let like = if xla {
+                DeviceInfo::Xla(bytes::Bytes::new())
+            } else {
+                DeviceInfo::Tf(Vec::new())
+            };
+            encoded_field(3, &cluster_devices(&like, all))
+        };
+        match self {
+            Self::Current => encoded_field(4, &device_info_of(all)),
+            Self::Older { xla } => older(xla),
+            Self::Unknown => {
+                let mut both = older(false).to_vec();
+                both.extend_from_slice(&encoded_field(4, &device_info_of(all)));
+                both.into()
+            }
+        }
+    }
 }
 
 impl TfService {
@@ -59,33 +116,83 @@ impl TfService {
             router,
             kv,
             coord,
-            devices: Mutex::new(None),
+            answers: Mutex::new(Vec::new()),
         }
     }
 
-    /// The whole cluster's devices in the older releases' form (see [`cluster_devices`]).
-    fn cluster_devices(
+    /// The answer's device fields for `form`: encoded on the first call for this device list,
+    /// shared by every later one. Past the answer limit it is RESOURCE_EXHAUSTED, naming it.
+    fn device_fields(
         &self,
-        mine: &DeviceInfo,
+        form: AnswerForm,
         all: &Arc<Vec<DeviceInfo>>,
-    ) -> tf::CoordinationServiceDeviceInfo {
-        let xla = matches!(mine, DeviceInfo::Xla(_));
-        let mut cache = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = cache
-            .as_ref()
-            .filter(|c| Arc::ptr_eq(&c.from, all) && c.xla == xla)
+    ) -> Result<bytes::Bytes, CoordError> {
+        let mut cache = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        let fields = match cache
+            .iter()
+            .find(|c| Arc::ptr_eq(&c.from, all) && c.form == form)
         {
-            return c.reply.clone();
+            Some(c) => c.fields.clone(),
+            None => {
+                let fields = form.encode(all);
+                if cache.len() >= ENCODED_KEPT {
+                    cache.remove(0);
+                }
+                cache.push(EncodedDevices {
+                    from: all.clone(),
+                    form,
+                    fields: fields.clone(),
+                    whole: None,
+                });
+                fields
+            }
+        };
+        within_answer_limit(fields, all.len(), ANSWER_LIMIT)
+    }
+
+    /// `answer` (built here with [`Self::device_fields`]) whole, encoded once for every caller
+    /// that gets the same one; none for an answer that came decoded from the leader.
+    fn shared_answer(&self, answer: &tf::WaitForAllTasksResponse) -> Option<SharedAnswer> {
+        if answer.encoded.is_empty() {
+            return None;
         }
-        let reply = cluster_devices(mine, all);
-        *cache = Some(DevicesReply {
-            from: all.clone(),
-            xla,
-            reply: reply.clone(),
-        });
-        reply
+        let mut cache = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = cache.iter_mut().find(|c| {
+            c.fields.as_ptr() == answer.encoded.as_ptr() && c.fields.len() == answer.encoded.len()
+        })?;
+        let whole = match &entry.whole {
+            Some((incarnation, whole)) if *incarnation == answer.leader_incarnation => {
+                whole.clone()
+            }
+            _ => {
+                let whole = Arc::new(AnswerBytes::new(answer.encode_to_vec().into()));
+                entry.whole = Some((answer.leader_incarnation, whole.clone()));
+                whole
+            }
+        };
+        Some(SharedAnswer(whole))
     }
 }
+
+/// `fields` if an answer carrying them stays within `limit`, else RESOURCE_EXHAUSTED naming it.
+fn within_answer_limit(
+    fields: bytes::Bytes,
+    tasks: usize,
+    limit: usize,
+) -> Result<bytes::Bytes, CoordError> {
+    if fields.len() > limit {
+        return Err(CoordError::ResourceExhausted(format!(
+            "WaitForAllTasks: the devices of the job's {tasks} tasks take {} bytes, past the \
+             answer limit of {limit} bytes",
+            fields.len()
+        )));
+    }
+    Ok(fields)
+}
+
+/// The largest answer the service sends: what its transport is set to encode
+/// ([`PEER_MESSAGE_LIMIT`]), less room for the fields beside the device list.
+const ANSWER_LIMIT: usize = PEER_MESSAGE_LIMIT - 1024;
 
 fn client(ch: PeerChannel) -> CoordinationServiceClient<PeerChannel> {
     CoordinationServiceClient::new(ch)
@@ -181,5 +288,66 @@ fn device_info_of(all: &[DeviceInfo]) -> tf::DeviceInfo {
                 value: value.clone(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<DeviceInfo> {
+        (0..3u8)
+            .map(|i| DeviceInfo::Tf(vec![bytes::Bytes::from(vec![i; 8])]))
+            .collect()
+    }
+
+    fn answer(form: AnswerForm) -> tf::WaitForAllTasksResponse {
+        let wire = tf::WaitForAllTasksResponse {
+            leader_incarnation: 1,
+            encoded: form.encode(&all()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        tf::WaitForAllTasksResponse::decode(&wire[..]).expect("decodes")
+    }
+
+    #[test]
+    fn each_client_form_gets_the_fields_it_reads() {
+        let current = answer(AnswerForm::Current);
+        assert_eq!(current.device_info.map(|d| d.device.len()), Some(3));
+        assert_eq!(current.cluster_device_info, None, "2.21 reserves field 3");
+        let older = answer(AnswerForm::Older { xla: false });
+        assert_eq!(older.device_info, None);
+        assert_eq!(
+            older.cluster_device_info,
+            Some(cluster_devices(&all()[0], &all()))
+        );
+        let unknown = answer(AnswerForm::Unknown);
+        assert!(unknown.device_info.is_some() && unknown.cluster_device_info.is_some());
+    }
+
+    #[test]
+    fn forms_follow_the_field_the_caller_sent() {
+        let mut req = tf::WaitForAllTasksRequest::default();
+        assert_eq!(AnswerForm::of(&req), AnswerForm::Unknown);
+        req.local_device_info = Some(tf::CoordinationServiceDeviceInfo::default());
+        assert_eq!(AnswerForm::of(&req), AnswerForm::Older { xla: false });
+        req.device_info = Some(tf::DeviceInfo::default());
+        assert_eq!(AnswerForm::of(&req), AnswerForm::Current);
+    }
+
+    #[test]
+    fn an_answer_past_the_limit_is_refused_naming_it() {
+        let fields = AnswerForm::Current.encode(&all());
+        let e = within_answer_limit(fields.clone(), 3, fields.len() - 1).expect_err("too big");
+        let s = tonic::Status::from(e);
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            s.message()
+                .contains(&format!("answer limit of {} bytes", fields.len() - 1)),
+            "{}",
+            s.message()
+        );
+        assert!(within_answer_limit(fields.clone(), 3, fields.len()).is_ok());
     }
 }

@@ -6,7 +6,7 @@ use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
 use super::{
-    client, device_info_of, devices_of, entry, propagated, refused_registration, served, TfService,
+    client, devices_of, entry, propagated, refused_registration, served, AnswerForm, TfService,
 };
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{state_to, task_from, task_to, tasks_from};
@@ -92,7 +92,8 @@ impl CoordinationService for TfService {
         )?;
         let core = &*self.coord;
         let this = self;
-        self.router
+        let mut answer = self
+            .router
             .route(
                 "WaitForAllTasks",
                 Kind::Write,
@@ -100,19 +101,24 @@ impl CoordinationService for TfService {
                 |m, id| {
                     served(async move {
                         let task = task_from(m.source_task.as_ref(), "source_task")?;
-                        let mine = devices_of(&m)?;
+                        let form = AnswerForm::of(&m);
                         let (leader_incarnation, all) =
-                            core.wait_for_all(id, task, mine.clone()).await?;
+                            core.wait_for_all(id, task, devices_of(&m)?).await?;
                         Ok(tf::WaitForAllTasksResponse {
                             leader_incarnation,
-                            device_info: Some(device_info_of(&all)),
-                            cluster_device_info: Some(this.cluster_devices(&mine, &all)),
+                            encoded: this.device_fields(form, &all)?,
+                            ..Default::default()
                         })
                     })
                 },
                 |ch, r| async move { client(ch).wait_for_all_tasks(r).await },
             )
-            .await
+            .await?;
+        // Sent from the one buffer every task's answer shares (see `api::shared_answer`).
+        if let Some(shared) = self.shared_answer(answer.get_ref()) {
+            answer.extensions_mut().insert(shared);
+        }
+        Ok(answer)
     }
 
     async fn shutdown_task(
@@ -439,7 +445,8 @@ impl CoordinationService for TfService {
                 req,
                 |m, id| async move {
                     let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                    let passed = async {
+                    // Awaited in place, never bound to a local (see `Router::route`).
+                    match async {
                         let source = task_from(m.source_task.as_ref(), "source_task")?;
                         let tasks = tasks_from(&m.tasks, "tasks")?;
                         core.barrier(
@@ -451,8 +458,9 @@ impl CoordinationService for TfService {
                             source,
                         )
                         .await
-                    };
-                    match passed.await {
+                    }
+                    .await
+                    {
                         Ok(counter) => Ok(tf::BarrierResponse { counter }),
                         Err(e) => Err(barrier_error(e, &barrier_id, counter)),
                     }

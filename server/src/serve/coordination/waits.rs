@@ -221,10 +221,11 @@ impl CoordCore {
         devices: DeviceInfo,
     ) -> Result<(u64, Arc<Vec<DeviceInfo>>), CoordError> {
         let (epoch, slot) = self.barrier_slot(|| format!("WaitForAllTasks of {task}"))?;
-        let outcome = match self
+        // Awaited on its own, not in the `match` (see `barrier`).
+        let committed = self
             .commit(id, Op::WaitForAllTasks { task, devices })
-            .await?
-        {
+            .await?;
+        let outcome = match committed {
             Output::Barrier {
                 outcome: Some(o), ..
             } => o,
@@ -291,7 +292,10 @@ impl CoordCore {
             timeout_ms,
             source,
         };
-        let (counter, outcome) = match self.commit(id, op).await? {
+        // The commit is awaited on its own: a future in a `match`'s scrutinee would live on
+        // beside the park below, and every parked call would carry both.
+        let committed = self.commit(id, op).await?;
+        let (counter, outcome) = match committed {
             Output::Barrier {
                 counter,
                 outcome: Some(o),
