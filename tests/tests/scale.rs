@@ -6,7 +6,7 @@
 //!
 //! 5,000, not the 20,000 issue 42 suggests: on a debug build 20,000 tasks' retries after the kill
 //! starve a follower's Raft replies (AppendEntries past their 50 ms timeout), the new leader cannot
-//! hold its lease, and nothing is served for 30 s (3 runs of 4; release builds recover in under
+//! hold its lease, and nothing is served for 30 s (4 runs of 5; release builds recover in under
 //! 0.5 s). That is a bug of the failover under load, open in issue 42.
 
 use std::time::Duration;
