@@ -350,6 +350,11 @@ fn channel(addr: &str, options: &ClientOptions) -> Result<Channel, Status> {
     let endpoint = coord_proto::tls::endpoint(addr, options.tls.as_ref())
         .map_err(|e| Status::invalid_argument(format!("endpoint {addr:?}: {e}")))?
         .connect_timeout(options.connect_timeout)
+        // The replicas' own windows: with HTTP/2's default 64 KiB for the whole connection, a
+        // sidecar carrying many tasks gets a job's WaitForAllTasks answers (hundreds of KB each
+        // at 30,000 tasks) one window per round trip, shared by all of them.
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(16 << 20))
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true);

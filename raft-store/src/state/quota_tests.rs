@@ -45,6 +45,18 @@ fn records_are_remeasured_every_so_many_writes() {
     assert!(!q.note_record_write(1));
 }
 
+#[test]
+fn large_records_are_remeasured_after_proportionally_more_writes() {
+    let mut q = Quota::default();
+    // 30 MB of records (a 100,000-task job): measured after about 30,000 more writes, not 256.
+    q.measured(30 << 20);
+    let due = (30u64 << 20) / BYTES_PER_COMMAND;
+    for n in 1..due {
+        assert!(!q.note_record_write(0), "write {n}");
+    }
+    assert!(q.note_record_write(0));
+}
+
 /// Through `apply`: writes that grow are refused past the quota and change nothing but the
 /// alarm; deletes, shrinking overwrites and reads go on; the alarm clears as usage falls.
 #[test]

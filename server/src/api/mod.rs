@@ -49,6 +49,7 @@ pub mod namespaces;
 pub mod oversized;
 pub mod payloads;
 pub mod raw_kv;
+pub mod rewrite;
 pub mod shared_answer;
 pub mod tf;
 pub mod tfdata;

@@ -2,16 +2,12 @@
 //! receiver's limit.
 //!
 //! tonic's decoder refuses such a message itself, before any handler runs, and calls it
-//! `OUT_OF_RANGE` ("decoded message length too large"). This layer rewrites exactly that answer;
-//! every other response passes untouched. The refusal is a trailers-only response (the status in
-//! the headers), which is the only place tonic puts a decoding error of a request.
+//! `OUT_OF_RANGE` ("decoded message length too large"). [`rewritten`] (applied to every response by
+//! [`RewriteLayer`](crate::api::rewrite::RewriteLayer)) changes exactly that answer; every other
+//! response passes untouched. The refusal is a trailers-only response (the status in the headers),
+//! which is the only place tonic puts a decoding error of a request.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tonic::codegen::http::{HeaderValue, Request, Response};
-use tonic::codegen::Service;
+use tonic::codegen::http::{HeaderValue, Response};
 
 const OUT_OF_RANGE: &str = "11";
 const RESOURCE_EXHAUSTED: &str = "8";
@@ -26,47 +22,15 @@ fn is_oversized_refusal<B>(response: &Response<B>) -> bool {
             .is_some_and(|m| m.contains("too large") || m.contains("too%20large"))
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OversizedLayer;
-
-impl<S> tower_layer::Layer<S> for OversizedLayer {
-    type Service = Oversized<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Oversized { inner }
+/// `response` with tonic's refusal of an oversized request turned `RESOURCE_EXHAUSTED`; any
+/// other response as it was.
+pub fn rewritten<B>(mut response: Response<B>) -> Response<B> {
+    if is_oversized_refusal(&response) {
+        response
+            .headers_mut()
+            .insert("grpc-status", HeaderValue::from_static(RESOURCE_EXHAUSTED));
     }
-}
-
-#[derive(Clone, Debug)]
-pub struct Oversized<S> {
-    inner: S,
-}
-
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Oversized<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<ResBody>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = future.await?;
-            if is_oversized_refusal(&response) {
-                response
-                    .headers_mut()
-                    .insert("grpc-status", HeaderValue::from_static(RESOURCE_EXHAUSTED));
-            }
-            Ok(response)
-        })
-    }
+    response
 }
 
 #[cfg(test)]

@@ -4,12 +4,11 @@
 //! answer into a buffer of its own and holds it until the client has read it, so N answers of N
 //! devices are N² bytes of memory at once (10,000 tasks with one 170-byte device each: 22 GB). A
 //! handler instead attaches the answer, encoded once for the whole job, as a [`SharedAnswer`]
-//! extension of its response; this layer then sends those bytes as the body by reference, one
+//! extension of its response; [`RewriteLayer`](crate::api::rewrite::RewriteLayer) then sends those bytes as the body by reference, one
 //! buffer for every caller, and gzip-compressed (also once) to a caller that accepts gzip, as
 //! TensorFlow's and jaxlib's gRPC clients do. Every other response passes untouched.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -18,31 +17,68 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, Bytes};
 use http_body::Frame;
 use tonic::body::Body;
-use tonic::codegen::http::{HeaderMap, HeaderValue, Request, Response};
-use tonic::codegen::Service;
+use tonic::codegen::http::{HeaderMap, HeaderValue, Response};
 
-/// A whole answer message, encoded once; its gzip form made on first use.
+/// A whole answer message, encoded once with its gRPC frame prefix; its gzip form made on first
+/// use. The prefix and the message are one buffer, so each answer leaves as one run of full-sized
+/// DATA frames: a separate 5-byte frame ahead of every answer counts against the receiver's
+/// budget for small frames (h2 0.4.20 ends a connection that buffers too many with
+/// ENHANCE_YOUR_CALM; a 30,000-task job met it).
 #[derive(Debug)]
 pub struct AnswerBytes {
     plain: Bytes,
     gzip: OnceLock<Option<Bytes>>,
 }
 
+/// A gRPC message's frame prefix: the compressed flag and the message's length.
+const PREFIX: usize = 5;
+
+/// `len` bytes of a message (compressed or not) framed: the prefix, then room for the message.
+fn framed(compressed: bool, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PREFIX + len);
+    out.put_u8(u8::from(compressed));
+    out.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    out
+}
+
 impl AnswerBytes {
-    pub fn new(plain: Bytes) -> Self {
+    /// `message`, encoded once.
+    pub fn encode(message: &impl prost::Message) -> Self {
+        let len = message.encoded_len();
+        let mut out = framed(false, len);
+        message.encode_raw(&mut out);
         Self {
-            plain,
+            plain: out.into(),
             gzip: OnceLock::new(),
         }
     }
 
-    /// The message gzip-compressed (None if compressing failed: it is then sent plain).
+    /// An already encoded message.
+    #[cfg(test)]
+    fn raw(message: &[u8]) -> Self {
+        let mut out = framed(false, message.len());
+        out.extend_from_slice(message);
+        Self {
+            plain: out.into(),
+            gzip: OnceLock::new(),
+        }
+    }
+
+    /// The message gzip-compressed and framed (None if compressing failed or saved nothing: it
+    /// is then sent plain).
     fn gzip(&self) -> Option<&Bytes> {
         self.gzip
             .get_or_init(|| {
+                let message = self.plain.get(PREFIX..)?;
                 let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-                z.write_all(&self.plain).ok()?;
-                z.finish().ok().map(Bytes::from)
+                z.write_all(message).ok()?;
+                let z = z.finish().ok()?;
+                if z.len() >= message.len() {
+                    return None;
+                }
+                let mut out = framed(true, z.len());
+                out.extend_from_slice(&z);
+                Some(Bytes::from(out))
             })
             .as_ref()
     }
@@ -52,42 +88,19 @@ impl AnswerBytes {
 #[derive(Clone, Debug)]
 pub struct SharedAnswer(pub Arc<AnswerBytes>);
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SharedAnswerLayer;
-
-impl<S> tower_layer::Layer<S> for SharedAnswerLayer {
-    type Service = SharedAnswers<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        SharedAnswers { inner }
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct SharedAnswers<S> {
-    inner: S,
-}
-
 /// Whether the caller's `grpc-accept-encoding` lists gzip.
-fn accepts_gzip(headers: &HeaderMap) -> bool {
+pub fn accepts_gzip(headers: &HeaderMap) -> bool {
     headers
         .get("grpc-accept-encoding")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(',').any(|e| e.trim() == "gzip"))
 }
 
-/// The gRPC frames of `message` (compressed or not), then the OK trailers.
-fn frames(message: &Bytes, compressed: bool) -> VecDeque<Frame<Bytes>> {
-    let mut prefix = Vec::with_capacity(5);
-    prefix.put_u8(u8::from(compressed));
-    prefix.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
+/// The framed message (compressed or not), then the OK trailers.
+fn frames(framed: &Bytes) -> VecDeque<Frame<Bytes>> {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    VecDeque::from([
-        Frame::data(Bytes::from(prefix)),
-        Frame::data(message.clone()),
-        Frame::trailers(trailers),
-    ])
+    VecDeque::from([Frame::data(framed.clone()), Frame::trailers(trailers)])
 }
 
 /// Yields its frames, then ends.
@@ -110,7 +123,7 @@ impl http_body::Body for Frames {
 }
 
 /// `response` with its body replaced by the shared answer it carries, if any.
-fn shared(mut response: Response<Body>, gzip: bool) -> Response<Body> {
+pub fn shared(mut response: Response<Body>, gzip: bool) -> Response<Body> {
     let Some(SharedAnswer(answer)) = response.extensions_mut().remove::<SharedAnswer>() else {
         return response;
     };
@@ -120,32 +133,12 @@ fn shared(mut response: Response<Body>, gzip: bool) -> Response<Body> {
             response
                 .headers_mut()
                 .insert("grpc-encoding", HeaderValue::from_static("gzip"));
-            frames(z, true)
+            frames(z)
         }
-        None => frames(&answer.plain, false),
+        None => frames(&answer.plain),
     };
     *response.body_mut() = Body::new(Frames(body));
     response
-}
-
-impl<S, ReqBody> Service<Request<ReqBody>> for SharedAnswers<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<Body>>,
-    S::Future: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let gzip = accepts_gzip(request.headers());
-        let future = self.inner.call(request);
-        Box::pin(async move { Ok(shared(future.await?, gzip)) })
-    }
 }
 
 #[cfg(test)]
@@ -161,12 +154,13 @@ mod tests {
         (parts.headers, collected.to_bytes().to_vec(), trailers)
     }
 
+    /// A message gzip shortens: a string field of 64 bytes.
+    const LONG: &[u8] = b"\x0a\x40aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
     fn with_answer(message: &'static [u8]) -> Response<Body> {
         let mut r = Response::new(Body::empty());
         r.extensions_mut()
-            .insert(SharedAnswer(Arc::new(AnswerBytes::new(
-                Bytes::from_static(message),
-            ))));
+            .insert(SharedAnswer(Arc::new(AnswerBytes::raw(message))));
         r
     }
 
@@ -180,11 +174,17 @@ mod tests {
             Some(HeaderValue::from_static("0"))
         );
 
+        // Too short to gain from gzip: sent plain to a caller that accepts it, too.
         let (headers, body, _) = sent(shared(with_answer(b"\x09abcdefgh"), true)).await;
+        assert_eq!(body, b"\x00\x00\x00\x00\x09\x09abcdefgh");
+        assert!(headers.get("grpc-encoding").is_none());
+
+        let (headers, body, _) = sent(shared(with_answer(LONG), true)).await;
         assert_eq!(
             headers.get("grpc-encoding").map(|v| v.as_bytes()),
             Some(&b"gzip"[..])
         );
+        assert!(body.len() < LONG.len(), "{} bytes", body.len());
         assert_eq!(body[0], 1, "compressed flag");
         let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
         assert_eq!(len, body.len() - 5);
@@ -192,7 +192,19 @@ mod tests {
         flate2::read::GzDecoder::new(&body[5..])
             .read_to_end(&mut plain)
             .expect("gunzip");
-        assert_eq!(plain, b"\x09abcdefgh");
+        assert_eq!(plain, LONG);
+    }
+
+    #[tokio::test]
+    async fn each_answer_is_one_data_frame_then_the_trailers() {
+        for gzip in [false, true] {
+            let mut body = shared(with_answer(LONG), gzip).into_body();
+            let first = body.frame().await.expect("a frame").expect("data");
+            assert!(first.is_data(), "prefix and message in one frame");
+            let second = body.frame().await.expect("a frame").expect("trailers");
+            assert!(second.is_trailers());
+            assert!(body.frame().await.is_none());
+        }
     }
 
     #[tokio::test]

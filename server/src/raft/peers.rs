@@ -1,8 +1,14 @@
-//! One lazily connected gRPC channel per peer address, shared by every caller.
+//! Lazily connected gRPC channels per peer address, shared by every caller.
 //!
 //! openraft asks for a network client per RPC round (e.g. every read-index heartbeat), so clients
-//! must be cheap: they clone a cached [`Channel`], which multiplexes all calls over one HTTP/2
+//! must be cheap: they clone a cached [`Channel`], which multiplexes calls over one HTTP/2
 //! connection and reconnects by itself after the peer comes back.
+//!
+//! Raft traffic has one channel per peer. Forwarded calls have [`FORWARD_CONNECTIONS`], taken in
+//! turn: a connection carries at most the peer's `--max-concurrent-streams` calls at once, and a
+//! follower forwards every call of every client that reached it, parked ones included (a barrier
+//! of a 100,000-task job parks that many). Past that, further calls, heartbeats among them, would
+//! wait in this replica for a stream to free up.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,9 +25,16 @@ pub type PeerChannel = EagerEnd<Channel>;
 /// requests with their values).
 pub const PEER_MESSAGE_LIMIT: usize = 64 << 20;
 
+/// Connections per peer for forwarded calls: 16 × 16,384 streams hold the default
+/// `--max-parked-calls` (250,000). Each connects on first use.
+const FORWARD_CONNECTIONS: usize = 16;
+
 pub struct PeerChannels {
-    /// The channels, made with TLS configuration generation `.1` (see `ClientTls::generation`).
-    channels: Mutex<(HashMap<String, PeerChannel>, u64)>,
+    /// The channels to each peer, made with TLS configuration generation `.1` (see
+    /// `ClientTls::generation`).
+    channels: Mutex<(HashMap<String, Vec<PeerChannel>>, u64)>,
+    /// The turn of the next caller (see [`FORWARD_CONNECTIONS`]).
+    turn: std::sync::atomic::AtomicUsize,
     /// The local address outgoing connections bind to (`--peer-source-ip`); `None` lets the
     /// system choose.
     source: Option<std::net::IpAddr>,
@@ -36,6 +49,7 @@ impl PeerChannels {
     pub fn new(source: Option<std::net::IpAddr>, tls: Option<ClientTls>) -> Self {
         Self {
             channels: Mutex::new((HashMap::new(), 0)),
+            turn: std::sync::atomic::AtomicUsize::new(0),
             source,
             tls,
             raft: false,
@@ -50,7 +64,7 @@ impl PeerChannels {
         }
     }
 
-    /// The channel to `addr` (`host:port`), created on first use without connecting.
+    /// A channel to `addr` (`host:port`), created on first use without connecting.
     pub fn get(&self, addr: &str) -> Result<PeerChannel, String> {
         let mut guard = self
             .channels
@@ -62,10 +76,25 @@ impl PeerChannels {
         if guard.1 != generation {
             *guard = (HashMap::new(), generation);
         }
+        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let channels = &mut guard.0;
-        if let Some(c) = channels.get(addr) {
+        if let Some(c) = channels
+            .get(addr)
+            .and_then(|all| all.get(turn % all.len().max(1)))
+        {
             return Ok(c.clone());
         }
+        let count = if self.raft { 1 } else { FORWARD_CONNECTIONS };
+        let all = (0..count)
+            .map(|_| self.connect_lazy(addr))
+            .collect::<Result<Vec<_>, _>>()?;
+        let channel = all[turn % count].clone();
+        channels.insert(addr.to_string(), all);
+        Ok(channel)
+    }
+
+    /// A new channel to `addr`, not connected yet.
+    fn connect_lazy(&self, addr: &str) -> Result<PeerChannel, String> {
         let channel = coord_proto::tls::endpoint(addr, self.tls.as_ref())
             .map_err(|e| format!("peer {addr}: {e}"))?
             .connect_timeout(Duration::from_millis(500))
@@ -79,12 +108,10 @@ impl PeerChannels {
             // control.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20));
-        let channel = EagerEnd(if self.raft {
+        Ok(EagerEnd(if self.raft {
             coord_proto::conn::connect_raft_lazy(&channel, self.source)
         } else {
             coord_proto::conn::connect_lazy(&channel, self.source)
-        });
-        channels.insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        }))
     }
 }

@@ -421,8 +421,12 @@ impl Replica {
                 .initial_connection_window_size(Some(16 << 20))
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
                 .max_concurrent_streams(Some(this.args.max_concurrent_streams))
-                .layer(crate::api::oversized::OversizedLayer)
-                .layer(crate::api::shared_answer::SharedAnswerLayer)
+                // hyper ends a connection (ENHANCE_YOUR_CALM) past 20 streams reset before it took
+                // them up, or 1,024 it reset itself: a sidecar of 100 tasks cancels that many slow
+                // calls at once, and every call parked on the connection would fail with it.
+                .http2_max_pending_accept_reset_streams(Some(1 << 16))
+                .http2_max_local_error_reset_streams(Some(1 << 16))
+                .layer(crate::api::rewrite::RewriteLayer)
         };
         // Peers' Raft connections are served on the Raft runtime (see `accept`); the client
         // server answers Raft calls too, from peers that connect without the preface.

@@ -92,16 +92,24 @@ impl CoordCore {
         // start, as TensorFlow importing on a loaded machine, was put in error 10 ms after it
         // registered). Heard for a registration that then fails is harmless: only connected tasks
         // are checked.
-        self.heartbeats.record(&task, incarnation);
+        self.heard(&task, incarnation);
         match self.commit(id, op).await? {
             Output::Registered {
                 service_incarnation,
             } => {
-                self.heartbeats.record(&task, incarnation);
+                self.heard(&task, incarnation);
                 Ok(service_incarnation)
             }
             other => Err(unexpected("RegisterTask", &other)),
         }
+    }
+
+    /// Notes `task` heard from just now (a registration), with its namespace's heartbeat timeout.
+    pub(super) fn heard(&self, task: &TaskName, incarnation: u64) {
+        let timeout = self
+            .with_cluster(|c| Duration::from_millis(c.config.heartbeat_timeout_ms))
+            .unwrap_or_default();
+        self.heartbeats.record(task, incarnation, timeout);
     }
 
     /// The cluster's service incarnation (the same on every replica, forever).
@@ -132,14 +140,14 @@ impl CoordCore {
     /// Answers a heartbeat from leader memory; returns the service incarnation. The task's state
     /// decides the answer: an error state is returned as the error.
     pub fn heartbeat(&self, task: &TaskName, incarnation: u64) -> Result<u64, CoordError> {
-        let (service, heard) = self.with_cluster(|c| {
+        let (service, heard, grace) = self.with_cluster(|c| {
             let Some(rec) = c.tasks.get(task) else {
                 return Err(CoordError::status(Code::InvalidArgument, c.config.why_unknown(task)));
             };
             let grace = Duration::from_millis(c.config.heartbeat_timeout_ms);
             match rec.state {
                 TaskState::Connected if rec.incarnation == incarnation => {
-                    Ok((c.service_incarnation, true))
+                    Ok((c.service_incarnation, true, grace))
                 }
                 TaskState::Connected => Err(CoordError::status(
                     Code::Aborted,
@@ -163,7 +171,7 @@ impl CoordCore {
                     if rec.incarnation == incarnation
                         && self.heartbeats.disconnected_within(task, grace) =>
                 {
-                    Ok((c.service_incarnation, false))
+                    Ok((c.service_incarnation, false, grace))
                 }
                 // INVALID_ARGUMENT, as TensorFlow's service answers.
                 TaskState::Disconnected => Err(CoordError::status(
@@ -173,7 +181,7 @@ impl CoordCore {
             }
         })??;
         if heard {
-            self.heartbeats.record(task, incarnation);
+            self.heartbeats.record(task, incarnation, grace);
         }
         Ok(service)
     }

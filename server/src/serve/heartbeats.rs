@@ -6,10 +6,17 @@
 //! forgets what it knew and gives every task a full timeout of grace from that moment, since the
 //! old leader's memory is gone with it.
 //!
+//! The checker's work per tick is the tasks whose timeout falls due then, not every task: each
+//! checked task waits once in a queue ordered by when it would be overdue. When its time comes
+//! and it was heard since, it goes back in at its new time. A job of 100,000 tasks with a 10 s
+//! timeout costs about 10,000 such looks a second, and a tick with nothing due costs one. Only
+//! the moment this replica begins to lead walks every connected task, to give each its grace.
+//!
 //! Tasks are known by namespace and name (the same task name in two namespaces is two tasks); a
 //! call's task is in the namespace the call is bound to.
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,120 +36,233 @@ fn bound(task: &TaskName) -> Task {
     (namespace::current(), task.clone())
 }
 
+/// How often the checker looks for tasks that fell due: a dead task is put in error within about
+/// this of its timeout.
+const TICK: Duration = Duration::from_millis(20);
+
 #[derive(Default)]
 pub struct Heartbeats {
     inner: Mutex<Inner>,
 }
 
+/// What the leader last heard from a task.
+struct Heard {
+    incarnation: u64,
+    at: Instant,
+    /// The heartbeat timeout of the task's namespace (zero: none, the task is not checked).
+    timeout: Duration,
+    /// The task has its place in [`Inner::due`].
+    queued: bool,
+    /// Heard indeed, not only given grace when this leadership began.
+    heard: bool,
+}
+
+/// A task's place in the queue: when it falls due unless heard from again.
+struct Due(Instant, Task);
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+/// A task that fell due: not heard from (with `incarnation`) since `heard`, for its timeout.
+#[derive(Debug, PartialEq, Eq)]
+struct Fell {
+    task: Task,
+    incarnation: u64,
+    heard: Instant,
+    timeout: Duration,
+}
+
 #[derive(Default)]
 struct Inner {
-    /// Last heartbeat per task, with the incarnation it came from.
-    last: HashMap<Task, (u64, Instant)>,
+    /// Last heard per task; a task connected when this leadership began counts as heard then.
+    last: HashMap<Task, Heard>,
+    /// Every checked task once, earliest due first.
+    due: BinaryHeap<Reverse<Due>>,
     /// When this replica's current leadership began (grace for every task).
     since: Option<Instant>,
-    /// Timeouts proposed and not yet seen applied, so each is proposed once.
-    proposed: HashSet<(Task, u64)>,
     /// When each task last disconnected through this leader (ShutdownTask, ResetTask).
     disconnected: HashMap<Task, Instant>,
 }
 
+impl Inner {
+    /// Notes `task` heard at `at`, queueing it if it is checked and not queued already.
+    fn heard(&mut self, task: Task, incarnation: u64, timeout: Duration, at: Instant) {
+        let queue = if let Some(h) = self.last.get_mut(&task) {
+            (h.incarnation, h.at, h.timeout, h.heard) = (incarnation, at, timeout, true);
+            let queue = !h.queued && !timeout.is_zero();
+            h.queued |= queue;
+            queue
+        } else {
+            let queue = !timeout.is_zero();
+            let heard = Heard {
+                incarnation,
+                at,
+                timeout,
+                queued: queue,
+                heard: true,
+            };
+            self.last.insert(task.clone(), heard);
+            queue
+        };
+        if queue {
+            self.due.push(Reverse(Due(at + timeout, task)));
+        }
+    }
+
+    /// Takes out of the queue every task due by `now`: one heard since goes back in at its new
+    /// time, one not heard is returned (and stays out until [`Inner::again`] or a heartbeat).
+    fn fell_due(&mut self, now: Instant) -> Vec<Fell> {
+        let mut out = Vec::new();
+        while self
+            .due
+            .peek()
+            .is_some_and(|Reverse(Due(at, _))| *at <= now)
+        {
+            let Some(Reverse(Due(_, task))) = self.due.pop() else {
+                break;
+            };
+            let Some(h) = self.last.get_mut(&task) else {
+                continue;
+            };
+            let next = h.at + h.timeout;
+            if next > now && !h.timeout.is_zero() {
+                self.due.push(Reverse(Due(next, task)));
+                continue;
+            }
+            h.queued = false;
+            if !h.timeout.is_zero() {
+                out.push(Fell {
+                    incarnation: h.incarnation,
+                    heard: h.at,
+                    timeout: h.timeout,
+                    task,
+                });
+            }
+        }
+        out
+    }
+
+    /// Puts `task` back in the queue a timeout from `now`, unless it is there already: a task put
+    /// in error is looked at again in case the proposal was lost.
+    fn again(&mut self, task: Task, now: Instant) {
+        if let Some(h) = self.last.get_mut(&task) {
+            if !h.queued && !h.timeout.is_zero() {
+                h.queued = true;
+                self.due.push(Reverse(Due(now + h.timeout, task)));
+            }
+        }
+    }
+
+    /// This replica began to lead at `since`, with `connected` the connected tasks then: what
+    /// an earlier leadership heard is forgotten, what this one heard already is kept, and every
+    /// connected task not heard yet counts as heard at `since`.
+    fn start_leading(&mut self, since: Instant, connected: Vec<(Task, u64, Duration)>) {
+        self.last.retain(|_, h| h.at >= since);
+        self.disconnected.retain(|_, at| *at >= since);
+        self.due.clear();
+        for (task, incarnation, timeout) in connected {
+            self.last.entry(task).or_insert(Heard {
+                incarnation,
+                at: since,
+                timeout,
+                queued: false,
+                heard: false,
+            });
+        }
+        let Inner { last, due, .. } = self;
+        for (task, h) in last.iter_mut() {
+            h.queued = !h.timeout.is_zero();
+            if h.queued {
+                due.push(Reverse(Due(h.at + h.timeout, task.clone())));
+            }
+        }
+        self.since = Some(since);
+    }
+}
+
 impl Heartbeats {
-    pub fn record(&self, task: &TaskName, incarnation: u64) {
-        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        g.last.insert(bound(task), (incarnation, Instant::now()));
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `task` (of the current call's namespace, whose heartbeat timeout is `timeout`) was heard
+    /// from just now.
+    pub fn record(&self, task: &TaskName, incarnation: u64, timeout: Duration) {
+        self.inner()
+            .heard(bound(task), incarnation, timeout, Instant::now());
     }
 
     /// The task disconnected just now (its ShutdownTask or ResetTask committed).
     pub fn disconnected(&self, task: &TaskName) {
-        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        g.disconnected.insert(bound(task), Instant::now());
+        self.inner()
+            .disconnected
+            .insert(bound(task), Instant::now());
     }
 
     /// Whether the task disconnected through this leader less than `grace` ago: its agent may
     /// still have a heartbeat on the way, which TensorFlow's service accepts for one heartbeat
     /// timeout after the disconnect.
     pub fn disconnected_within(&self, task: &TaskName, grace: Duration) -> bool {
-        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        g.disconnected
+        self.inner()
+            .disconnected
             .get(&bound(task))
             .is_some_and(|at| at.elapsed() < grace)
     }
 
     /// How long ago the task was last heard from with `incarnation` (leader memory only).
     pub fn age(&self, task: &TaskName, incarnation: u64) -> Option<Duration> {
-        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        match g.last.get(&bound(task)) {
-            Some((inc, at)) if *inc == incarnation => Some(at.elapsed()),
+        match self.inner().last.get(&bound(task)) {
+            Some(h) if h.heard && h.incarnation == incarnation => Some(h.at.elapsed()),
             _ => None,
         }
-    }
-
-    fn start_leading(&self) {
-        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        g.last.clear();
-        g.proposed.clear();
-        g.disconnected.clear();
-        g.since = Some(Instant::now());
-    }
-
-    /// Connected tasks silent past their namespace's timeout, with their incarnation and
-    /// silence.
-    fn overdue(&self, connected: &[(Task, u64, Duration)]) -> Vec<(Task, u64, Duration)> {
-        let now = Instant::now();
-        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(since) = g.since else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for (task, incarnation, timeout) in connected {
-            let heard = match g.last.get(task) {
-                Some((inc, at)) if inc == incarnation => (*at).max(since),
-                _ => since,
-            };
-            let silent = now.saturating_duration_since(heard);
-            if silent > *timeout && g.proposed.insert((task.clone(), *incarnation)) {
-                out.push((task.clone(), *incarnation, silent));
-            }
-        }
-        // Forget proposals for tasks that are no longer connected with that incarnation.
-        let live: HashSet<(&Task, u64)> = connected.iter().map(|(t, i, _)| (t, *i)).collect();
-        g.proposed.retain(|(t, i)| live.contains(&(t, *i)));
-        out
     }
 }
 
 /// Every connected task of every namespace whose job has a heartbeat timeout, with its
-/// incarnation and that timeout; and the shortest such timeout in ms (0: none).
-fn connected_tasks(
-    applied: &coord_raft_store::storage::Applied,
-) -> (u64, Vec<(Task, u64, Duration)>) {
-    let mut shortest = 0;
+/// incarnation and that timeout.
+fn connected_tasks(applied: &coord_raft_store::storage::Applied) -> Vec<(Task, u64, Duration)> {
     let mut out = Vec::new();
     for (ns, space) in namespace::spaces(applied) {
         let Some(c) = &space.cluster else { continue };
-        let timeout_ms = c.config.heartbeat_timeout_ms;
-        if timeout_ms == 0 {
+        let timeout = Duration::from_millis(c.config.heartbeat_timeout_ms);
+        if timeout.is_zero() {
             continue;
         }
-        shortest = if shortest == 0 {
-            timeout_ms
-        } else {
-            shortest.min(timeout_ms)
-        };
         out.extend(
             c.tasks
                 .iter()
                 .filter(|(_, r)| r.state == TaskState::Connected)
-                .map(|(t, r)| {
-                    (
-                        (ns.clone(), t.clone()),
-                        r.incarnation,
-                        Duration::from_millis(timeout_ms),
-                    )
-                }),
+                .map(|(t, r)| ((ns.clone(), t.clone()), r.incarnation, timeout)),
         );
     }
-    (shortest, out)
+    out
+}
+
+/// The incarnation `task` is connected with, if it is.
+fn connected_incarnation(applied: &coord_raft_store::storage::Applied, task: &Task) -> Option<u64> {
+    let cluster = namespace::space_of(applied, &task.0).cluster.as_ref()?;
+    cluster
+        .tasks
+        .get(&task.1)
+        .filter(|r| r.state == TaskState::Connected)
+        .map(|r| r.incarnation)
 }
 
 /// While this replica leads, puts silent tasks in ERROR.
@@ -154,27 +274,48 @@ pub async fn check(
 ) {
     let mut leading = false;
     loop {
-        let (shortest_ms, connected) = reader.read(connected_tasks);
-        // Look often (cheap: leader memory), so that a dead task is found within a quarter second
-        // of its timeout.
-        let every = Duration::from_millis((shortest_ms / 40).clamp(20, 250));
         let now_leading = leader.current() == Leadership::Me;
         if now_leading && !leading {
-            heartbeats.start_leading();
+            let since = leader
+                .leading_since()
+                .map_or_else(Instant::now, tokio::time::Instant::into_std);
+            let connected = reader.read(connected_tasks);
+            heartbeats.inner().start_leading(since, connected);
         }
         leading = now_leading;
         if leading {
-            for ((ns, task), incarnation, silent) in heartbeats.overdue(&connected) {
-                tracing::warn!(namespace = namespace::shown(&ns), %task, silent_ms = silent.as_millis() as u64, "task missed its heartbeats; putting it in error");
-                let op = Op::HeartbeatTimeout {
-                    task,
-                    incarnation,
-                    silent_ms: u64::try_from(silent.as_millis()).unwrap_or(u64::MAX),
+            let now = Instant::now();
+            let (fell, since) = {
+                let mut g = heartbeats.inner();
+                (g.fell_due(now), g.since.unwrap_or(now))
+            };
+            for f in fell {
+                // Only a task still connected is put in error. One connected with another
+                // incarnation than the one last heard from was not heard from since this
+                // leadership began.
+                let Some(incarnation) = reader.read(|a| connected_incarnation(a, &f.task)) else {
+                    continue;
                 };
-                proposer.propose_decision(namespace::bind_to(&ns, op));
+                let heard = if incarnation == f.incarnation {
+                    f.heard
+                } else {
+                    since
+                };
+                let silent = now.saturating_duration_since(heard);
+                if silent > f.timeout {
+                    let (ns, task) = f.task.clone();
+                    tracing::warn!(namespace = namespace::shown(&ns), %task, silent_ms = silent.as_millis() as u64, "task missed its heartbeats; putting it in error");
+                    let op = Op::HeartbeatTimeout {
+                        task,
+                        incarnation,
+                        silent_ms: u64::try_from(silent.as_millis()).unwrap_or(u64::MAX),
+                    };
+                    proposer.propose_decision(namespace::bind_to(&ns, op));
+                }
+                heartbeats.inner().again(f.task, now);
             }
         }
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(TICK).await;
     }
 }
 
@@ -182,32 +323,67 @@ pub async fn check(
 mod tests {
     use super::*;
 
+    fn fell(inner: &mut Inner, at: Instant) -> Vec<(Task, u64)> {
+        inner
+            .fell_due(at)
+            .into_iter()
+            .map(|f| (f.task, f.incarnation))
+            .collect()
+    }
+
     #[test]
-    fn grace_then_timeout_once_per_incarnation() {
-        let h = Heartbeats::default();
-        let t = TaskName::new("w", 0);
-        let key: Task = (None, t.clone());
-        let minute = Duration::from_secs(60);
-        let ms = Duration::from_millis(1);
+    fn a_connected_task_gets_grace_then_falls_due_once() {
+        let mut inner = Inner::default();
+        let t: Task = (None, TaskName::new("w", 0));
+        let t0 = Instant::now();
+        let sec = Duration::from_secs(1);
+        inner.start_leading(t0, vec![(t.clone(), 1, 10 * sec)]);
+        assert!(!inner.last[&t].heard, "given grace, not heard from");
+        assert!(fell(&mut inner, t0 + 9 * sec).is_empty(), "grace");
+        assert_eq!(fell(&mut inner, t0 + 11 * sec), vec![(t.clone(), 1)]);
         assert!(
-            h.overdue(&[(key.clone(), 1, Duration::ZERO)]).is_empty(),
-            "not leading yet"
+            fell(&mut inner, t0 + 30 * sec).is_empty(),
+            "out of the queue"
         );
-        h.start_leading();
-        h.record(&t, 1);
-        assert!(h.overdue(&[(key.clone(), 1, minute)]).is_empty());
-        std::thread::sleep(Duration::from_millis(5));
-        let due = h.overdue(&[(key.clone(), 1, ms)]);
-        assert_eq!(due.len(), 1);
-        assert!(
-            h.overdue(&[(key.clone(), 1, ms)]).is_empty(),
-            "proposed once"
-        );
-        // A heartbeat from another incarnation does not count for this one.
-        h.record(&t, 2);
-        assert!(h.overdue(&[(key.clone(), 2, minute)]).is_empty());
-        // Nor does one of the same task name in another namespace.
-        let elsewhere: Task = (Some("a".into()), t.clone());
-        assert_eq!(h.overdue(&[(elsewhere, 2, ms)]).len(), 1);
+        // Looked at again a timeout later, in case the proposal was lost.
+        inner.again(t.clone(), t0 + 30 * sec);
+        assert_eq!(fell(&mut inner, t0 + 41 * sec), vec![(t, 1)]);
+    }
+
+    #[test]
+    fn a_task_heard_again_goes_back_in_at_its_new_time() {
+        let mut inner = Inner::default();
+        let t: Task = (None, TaskName::new("w", 0));
+        let t0 = Instant::now();
+        let sec = Duration::from_secs(1);
+        inner.start_leading(t0, Vec::new());
+        inner.heard(t.clone(), 1, 10 * sec, t0);
+        for beat in 1..20 {
+            inner.heard(t.clone(), 1, 10 * sec, t0 + beat * sec);
+        }
+        assert_eq!(inner.due.len(), 1, "queued once, however often heard");
+        assert!(fell(&mut inner, t0 + 25 * sec).is_empty());
+        assert_eq!(fell(&mut inner, t0 + 30 * sec), vec![(t.clone(), 1)]);
+        // A task of a namespace without a timeout is never queued.
+        let unchecked: Task = (Some("a".into()), TaskName::new("w", 0));
+        inner.heard(unchecked, 1, Duration::ZERO, t0);
+        assert!(inner.due.is_empty());
+        assert!(fell(&mut inner, t0 + 100 * sec).is_empty());
+    }
+
+    #[test]
+    fn a_new_leadership_forgets_the_last_one_but_not_its_own() {
+        let mut inner = Inner::default();
+        let sec = Duration::from_secs(1);
+        let (old, new): (Task, Task) =
+            ((None, TaskName::new("w", 0)), (None, TaskName::new("w", 1)));
+        let t0 = Instant::now();
+        inner.heard(old.clone(), 1, 10 * sec, t0);
+        // Registered through this leader just before its checker saw it lead.
+        inner.heard(new.clone(), 7, 10 * sec, t0 + 5 * sec);
+        inner.start_leading(t0 + 4 * sec, vec![(old.clone(), 1, 10 * sec)]);
+        assert!(fell(&mut inner, t0 + 13 * sec).is_empty(), "grace from 4 s");
+        assert_eq!(fell(&mut inner, t0 + 14 * sec), vec![(old, 1)]);
+        assert_eq!(fell(&mut inner, t0 + 15 * sec), vec![(new, 7)]);
     }
 }

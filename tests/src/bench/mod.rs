@@ -24,6 +24,7 @@ pub mod load;
 pub mod namespaces;
 pub mod rendezvous;
 pub mod rolling;
+pub mod scale;
 pub mod tasks;
 pub mod tfdata;
 pub mod torch;

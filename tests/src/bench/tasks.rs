@@ -1,6 +1,6 @@
 //! Many tasks against one ensemble: registration, WaitForAllTasks and one barrier across all of
-//! them, with every task heartbeating once a second, as a large training job does. Measures what
-//! the leader pays for it.
+//! them, with every task heartbeating, as a large training job does, and a leader kill -9.
+//! Measures what the leader pays for it (`coord-bench scale` and `tasks`, see `scale`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,7 +17,8 @@ pub struct TasksReport {
     pub register: Duration,
     /// WaitForAllTasks: from the last task's call to every task's answer.
     pub wait_for_all: Duration,
-    /// Bytes of every WaitForAllTasks answer together.
+    /// Bytes of every WaitForAllTasks answer together, as they crossed the wire (gzip-compressed
+    /// when the tasks accept it).
     pub wait_for_all_bytes: u64,
     /// Bytes of each task's device (one `DeviceAttributes`; 0 = no devices).
     pub device_bytes: usize,
@@ -98,18 +99,66 @@ fn task(i: usize) -> tf::CoordinatedTask {
     }
 }
 
+/// A spawned task that is aborted if the run ends before it is awaited: a run that fails must
+/// not leave thousands of simulated tasks calling an ensemble that is gone.
+struct Spawned<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Spawned<T> {
+    fn new(f: impl std::future::Future<Output = T> + Send + 'static) -> Self
+    where
+        T: Send + 'static,
+    {
+        Self(tokio::spawn(f))
+    }
+
+    async fn join(mut self) -> Result<T, String> {
+        (&mut self.0).await.map_err(|e| e.to_string())
+    }
+}
+
+impl<T> Drop for Spawned<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts `call(i)` for each of the first `n` tasks, `per_second` a second (0: all at once).
+async fn paced<T>(
+    n: usize,
+    per_second: usize,
+    call: impl Fn(usize) -> Spawned<T>,
+) -> Vec<Spawned<T>> {
+    const STEP: Duration = Duration::from_millis(10);
+    let per_step = (per_second / 100).max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut next = tokio::time::Instant::now();
+    for i in 0..n {
+        if per_second > 0 && i > 0 && i % per_step == 0 {
+            next += STEP;
+            tokio::time::sleep_until(next).await;
+        }
+        out.push(call(i));
+    }
+    out
+}
+
 /// Waits until `parked()` reaches `count` with the calls in `calls` still running; a call that
 /// returns first fails the run.
 async fn parked_until<T: std::fmt::Debug>(
-    calls: Vec<tokio::task::JoinHandle<T>>,
+    calls: Vec<Spawned<T>>,
     parked: impl Fn() -> u64,
     count: u64,
     what: &str,
-) -> Result<Vec<tokio::task::JoinHandle<T>>, String> {
+) -> Result<Vec<Spawned<T>>, String> {
     let deadline = Instant::now() + Duration::from_secs(300);
     while parked() < count {
-        if let Some(done) = calls.iter().position(|h| h.is_finished()) {
-            let early = calls.into_iter().nth(done).ok_or("lost a call")?.await;
+        if let Some(done) = calls.iter().position(|h| h.0.is_finished()) {
+            let early = calls
+                .into_iter()
+                .nth(done)
+                .ok_or("lost a call")?
+                .join()
+                .await;
             return Err(format!(
                 "a {what} call returned before the last task's: {early:?}"
             ));
@@ -157,63 +206,71 @@ fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasksRequest {
 }
 
 /// Whether the simulated tasks accept gzip answers, as TensorFlow's and jaxlib's gRPC clients do.
-static ACCEPT_GZIP: AtomicBool = AtomicBool::new(true);
+pub static ACCEPT_GZIP: AtomicBool = AtomicBool::new(true);
 
-/// WaitForAllTasks on `ch`, keeping only the answer's size: a load generator that decoded every
-/// device of every answer (N² of them) would measure itself.
+/// WaitForAllTasks on `ch`, keeping only the size of the answer as it crossed the wire
+/// (compressed, if the task accepts gzip): the answers of a large job are O(N²) bytes, and a load
+/// generator that decompressed and decoded them all would measure itself, not the leader. The
+/// call is made on the channel directly, so tonic neither decompresses nor decodes the body.
 async fn answer_size(
-    ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
+    mut ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
     req: tonic::Request<tf::WaitForAllTasksRequest>,
 ) -> Result<tonic::Response<usize>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(usize::MAX);
-    if ACCEPT_GZIP.load(Ordering::Relaxed) {
-        grpc = grpc.accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-    }
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/tensorflow.CoordinationService/WaitForAllTasks",
+    use prost::Message;
+    use tonic::client::GrpcService;
+    use tonic::codegen::http;
+    let (metadata, _, message) = req.into_parts();
+    let mut framed = Vec::with_capacity(5 + message.encoded_len());
+    framed.push(0);
+    framed.extend_from_slice(
+        &u32::try_from(message.encoded_len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
     );
-    grpc.unary(req, path, SizeCodec).await
-}
-
-/// Encodes a WaitForAllTasks request; decodes an answer to its size.
-#[derive(Clone, Copy, Default)]
-struct SizeCodec;
-
-struct SizeDecoder;
-
-impl tonic::codec::Decoder for SizeDecoder {
-    type Item = usize;
-    type Error = tonic::Status;
-
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<usize>, tonic::Status> {
-        use bytes::Buf;
-        let n = src.remaining();
-        src.advance(n);
-        Ok(Some(n))
+    message
+        .encode(&mut framed)
+        .map_err(|e| tonic::Status::internal(e.to_string()))?;
+    let mut call = http::Request::post("/tensorflow.CoordinationService/WaitForAllTasks")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            bytes::Bytes::from(framed),
+        )))
+        .map_err(|e| tonic::Status::internal(e.to_string()))?;
+    call.headers_mut().extend(metadata.into_headers());
+    if ACCEPT_GZIP.load(Ordering::Relaxed) {
+        call.headers_mut().insert(
+            "grpc-accept-encoding",
+            http::HeaderValue::from_static("gzip"),
+        );
     }
-}
-
-impl tonic::codec::Codec for SizeCodec {
-    type Encode = tf::WaitForAllTasksRequest;
-    type Decode = usize;
-    type Encoder = <tonic_prost::ProstCodec<tf::WaitForAllTasksRequest, tf::WaitForAllTasksResponse> as tonic::codec::Codec>::Encoder;
-    type Decoder = SizeDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstCodec::<tf::WaitForAllTasksRequest, tf::WaitForAllTasksResponse>::default(
-        )
-        .encoder()
+    let unavailable = |e: &dyn std::fmt::Display| tonic::Status::unavailable(e.to_string());
+    std::future::poll_fn(|cx| ch.poll_ready(cx))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let answer = ch.call(call).await.map_err(|e| unavailable(&e))?;
+    // A refusal comes trailers-only: grpc-status in the headers.
+    if let Some(status) = tonic::Status::from_header_map(answer.headers()) {
+        if status.code() != tonic::Code::Ok {
+            return Err(status);
+        }
     }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        SizeDecoder
+    let mut body = answer.into_body();
+    let mut bytes = 0;
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let frame = frame?;
+        if let Some(data) = frame.data_ref() {
+            bytes += bytes::Buf::remaining(data);
+        } else if let Some(status) = frame
+            .trailers_ref()
+            .and_then(tonic::Status::from_header_map)
+        {
+            if status.code() != tonic::Code::Ok {
+                return Err(status);
+            }
+        }
     }
+    Ok(tonic::Response::new(bytes))
 }
 
 /// The simulated job.
@@ -228,6 +285,10 @@ pub struct Load {
     pub heartbeat_every: Duration,
     /// Leader CPU is read over this long, with the tasks only heartbeating.
     pub cpu_window: Duration,
+    /// Barrier and WaitForAllTasks calls per second while the tasks gather (0: all at once). A
+    /// job's tasks reach a barrier over seconds; all at once, 100,000 simulated tasks and three
+    /// replicas on two cores starve the heartbeats sent meanwhile.
+    pub arrivals_per_second: usize,
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
@@ -245,6 +306,7 @@ pub async fn run(
         device_bytes,
         heartbeat_every,
         cpu_window,
+        arrivals_per_second,
     } = load.clone();
     let clients: Vec<CoordClient> = (0..connections.max(1))
         .map(|_| CoordClient::new(ClientOptions::new(endpoints.clone())).map_err(|e| e.to_string()))
@@ -255,56 +317,58 @@ pub async fn run(
     let client = |i: usize| clients[i % clients.len()].clone();
     let rss_before = rss_bytes(leader_pid).unwrap_or(0);
 
+    // Each task heartbeats from its registration on, as a real one does (a registration counts
+    // as a heartbeat: a task that waited for the whole job to register first could miss its
+    // timeout), spread over the interval as independent tasks' heartbeats are.
+    let stop = Arc::new(AtomicBool::new(false));
+    let heartbeat_errors = Arc::new(AtomicU64::new(0));
+    // The longest gap between two answered heartbeats of any task, in ms, since the last reset.
+    let longest_gap = Arc::new(AtomicU64::new(0));
+    let heartbeat = |i: usize| {
+        let (c, stop, errors, gap) = (
+            client(i),
+            stop.clone(),
+            heartbeat_errors.clone(),
+            longest_gap.clone(),
+        );
+        Spawned::new(async move {
+            let first =
+                tokio::time::Instant::now() + heartbeat_every.mul_f64((i % 1000) as f64 / 1000.0);
+            let mut tick = tokio::time::interval_at(first, heartbeat_every);
+            let mut answered = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                if c.heartbeat(&task(i), i as u64 + 1).await.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let ms = answered.elapsed().as_millis() as u64;
+                    gap.fetch_max(ms, Ordering::Relaxed);
+                    answered = Instant::now();
+                }
+            }
+        })
+    };
     let started = Instant::now();
-    let results: Vec<Result<u64, String>> = stream::iter(0..tasks)
+    let registered: Vec<Result<Spawned<()>, String>> = stream::iter(0..tasks)
         .map(|i| {
             let c = client(i);
+            let heartbeat = &heartbeat;
             async move {
                 c.register_task(&task(i), i as u64 + 1)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                Ok(heartbeat(i))
             }
         })
         .buffer_unordered(512)
         .collect()
         .await;
-    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-        return Err(format!("registration failed: {e}"));
-    }
     let register = started.elapsed();
+    let beats = registered
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("registration failed: {e}"))?;
     eprintln!("registered {tasks} tasks in {register:?}");
-
-    // Every task heartbeats once a second, spread over the second.
-    let stop = Arc::new(AtomicBool::new(false));
-    let heartbeat_errors = Arc::new(AtomicU64::new(0));
-    // The longest gap between two answered heartbeats of any task, in ms, since the last reset.
-    let longest_gap = Arc::new(AtomicU64::new(0));
-    let beats: Vec<_> = (0..tasks)
-        .map(|i| {
-            let (c, stop, errors, gap) = (
-                client(i),
-                stop.clone(),
-                heartbeat_errors.clone(),
-                longest_gap.clone(),
-            );
-            tokio::spawn(async move {
-                // Spread over the interval, as independent tasks' heartbeats are.
-                tokio::time::sleep(heartbeat_every.mul_f64((i % 1000) as f64 / 1000.0)).await;
-                let mut tick = tokio::time::interval(heartbeat_every);
-                let mut answered = Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    if c.heartbeat(&task(i), i as u64 + 1).await.is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        let ms = answered.elapsed().as_millis() as u64;
-                        gap.fetch_max(ms, Ordering::Relaxed);
-                        answered = Instant::now();
-                    }
-                }
-            })
-        })
-        .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu0 = cpu_seconds(leader_pid).unwrap_or(0.0);
     let t0 = Instant::now();
@@ -320,21 +384,21 @@ pub async fn run(
     // that call until every task's call has returned.
     let arrive = |i: usize| {
         let c = client(i);
-        tokio::spawn(async move {
+        Spawned::new(async move {
             c.barrier("bench-barrier", 0, Duration::from_secs(600), &[], &task(i))
                 .await
                 .map(|_| Instant::now())
         })
     };
     let leader_rss_before_barrier = rss_bytes(leader_pid).unwrap_or(0);
-    let early = (0..tasks - 1).map(arrive).collect();
+    let early = paced(tasks - 1, arrivals_per_second, arrive).await;
     let early = parked_until(early, &parked, (tasks - 1) as u64, "barrier").await?;
     let leader_rss_after = rss_bytes(leader_pid).unwrap_or(0);
 
     let wait = |i: usize| {
         let c = client(i);
         let req = wait_request(i, device_bytes);
-        tokio::spawn(async move {
+        Spawned::new(async move {
             let bytes = c
                 .forward(
                     req,
@@ -346,17 +410,14 @@ pub async fn run(
             Ok::<_, tonic::Status>((Instant::now(), bytes as u64))
         })
     };
-    let waiting = (0..tasks - 1).map(wait).collect();
+    let waiting = paced(tasks - 1, arrivals_per_second, wait).await;
     let waiting = parked_until(waiting, &parked, 2 * (tasks - 1) as u64, "WaitForAllTasks").await?;
     let leader_rss_waits_parked = rss_bytes(leader_pid).unwrap_or(0);
     let last_call = Instant::now();
     let mut wait_for_all_bytes = 0;
     let mut answered = last_call;
     for w in waiting.into_iter().chain(std::iter::once(wait(tasks - 1))) {
-        let (at, bytes) = w
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("wait for all: {e}"))?;
+        let (at, bytes) = w.join().await?.map_err(|e| format!("wait for all: {e}"))?;
         wait_for_all_bytes += bytes;
         answered = answered.max(at);
     }
@@ -370,11 +431,7 @@ pub async fn run(
     let last = arrive(tasks - 1);
     let mut released = Vec::with_capacity(tasks);
     for a in early.into_iter().chain(std::iter::once(last)) {
-        released.push(
-            a.await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("barrier: {e}"))?,
-        );
+        released.push(a.join().await?.map_err(|e| format!("barrier: {e}"))?);
     }
     let barrier_release = released
         .iter()
@@ -392,9 +449,7 @@ pub async fn run(
     let heartbeat_errors_after_kill = heartbeat_errors.load(Ordering::Relaxed) - errors_before_kill;
     eprintln!("leader killed: longest heartbeat stall {kill_stall:?}, {heartbeat_errors_after_kill} failed heartbeats");
     stop.store(true, Ordering::Relaxed);
-    for b in beats {
-        b.abort();
-    }
+    drop(beats);
     Ok(TasksReport {
         tasks,
         register,
@@ -412,138 +467,4 @@ pub async fn run(
         kill_stall,
         heartbeat_errors_after_kill,
     })
-}
-
-/// What `coord-bench tasks` runs.
-#[derive(clap::Args, Clone, Debug)]
-pub struct Args {
-    /// Simulated tasks.
-    #[arg(long, default_value_t = 10_000)]
-    pub tasks: usize,
-    /// Connections the tasks share (a real job has one per task).
-    #[arg(long, default_value_t = 100)]
-    pub connections: usize,
-    /// Bytes of the one TensorFlow device each task sends with WaitForAllTasks (a CPU device's
-    /// `DeviceAttributes` is about 170; 0 = no devices).
-    #[arg(long, default_value_t = 170)]
-    pub device_bytes: usize,
-    /// The tasks do not accept gzip answers (TensorFlow's and jaxlib's clients do).
-    #[arg(long)]
-    pub no_gzip: bool,
-}
-
-/// Runs the `coord-bench tasks` benchmark on a fresh ensemble and prints its table.
-pub async fn report(args: Args) -> Result<(), String> {
-    ACCEPT_GZIP.store(!args.no_gzip, Ordering::Relaxed);
-    let job = format!("worker={}", args.tasks);
-    let mut cluster = crate::Cluster::start(crate::ClusterOptions {
-        extra_args: vec![
-            "--worker-threads".into(),
-            "1".into(),
-            "--job".into(),
-            job,
-            "--heartbeat-timeout-ms".into(),
-            "10000".into(),
-        ],
-        log_filter: "warn".into(),
-        ..crate::ClusterOptions::default()
-    });
-    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
-    let pid = cluster.pid(leader).ok_or("leader has no process")?;
-    let term_before = cluster.status(leader).map_or(0, |s| s.term);
-    // Parked calls on whichever replica leads now (summed: only the leader parks any).
-    let https: Vec<std::net::SocketAddr> = cluster
-        .ids()
-        .iter()
-        .map(|&id| cluster.replica(id).http)
-        .collect();
-    let parked = move || {
-        https
-            .iter()
-            .filter_map(|&http| crate::http::get(http, "/metrics").ok())
-            .filter_map(|(_, m)| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("coord_parked_calls "))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            })
-            .map(|v| v as u64)
-            .sum::<u64>()
-    };
-    eprintln!(
-        "coord-bench tasks: {} tasks over {} connections, heartbeat every 1 s, leader is replica {leader}",
-        args.tasks, args.connections
-    );
-    let load = Load {
-        tasks: args.tasks,
-        connections: args.connections,
-        device_bytes: args.device_bytes,
-        heartbeat_every: Duration::from_secs(1),
-        cpu_window: Duration::from_secs(10),
-    };
-    let r = run(cluster.endpoints(), &load, pid, parked, || {
-        cluster.kill(leader)
-    })
-    .await?;
-    // Read off a survivor: the leader is dead by now.
-    let survivor = cluster.ids().into_iter().find(|&id| id != leader);
-    let after = survivor.and_then(|id| cluster.status(id));
-    let elections = after.map_or(0, |s| s.term.saturating_sub(term_before));
-    println!(
-        "\n| measure ({} tasks, 3 replicas) | value | target |",
-        r.tasks
-    );
-    println!("|---|---:|---:|");
-    println!(
-        "| register all tasks | {:.2} s ({:.0} tasks/s) | |",
-        r.register.as_secs_f64(),
-        r.tasks as f64 / r.register.as_secs_f64()
-    );
-    println!(
-        "| WaitForAllTasks, one {} B device per task{}: every answer after the last call | {:.2} s ({:.0} MB of answers) | |",
-        r.device_bytes,
-        if args.no_gzip { "" } else { ", gzip accepted" },
-        r.wait_for_all.as_secs_f64(),
-        r.wait_for_all_bytes as f64 / 1e6
-    );
-    println!(
-        "| barrier released after the last arrival | {} ms | <= 200 ms |",
-        r.barrier_release.as_millis()
-    );
-    println!(
-        "| leader CPU with every task heartbeating | {:.2} cores | < 1 core |",
-        r.heartbeat_cpu_cores
-    );
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    println!(
-        "| leader RSS growth, all tasks registered and heartbeating | {:.1} MiB -> {:.1} MiB = {:.0} B/task | <= 2048 B/task |",
-        mib(r.leader_rss_before),
-        mib(r.leader_rss_registered),
-        r.rss_per_registered_task()
-    );
-    println!(
-        "| leader RSS growth per parked Barrier call | {:.1} MiB -> {:.1} MiB = {:.0} B/call | <= 4096 B/call |",
-        mib(r.leader_rss_before_barrier),
-        mib(r.leader_rss_after),
-        r.rss_per_parked_call()
-    );
-    println!(
-        "| leader RSS growth per parked WaitForAllTasks call | {:.1} MiB -> {:.1} MiB = {:.0} B/call | <= 4096 B/call |",
-        mib(r.leader_rss_after),
-        mib(r.leader_rss_waits_parked),
-        r.rss_per_parked_wait()
-    );
-    println!(
-        "| failed heartbeats before the kill | {} | 0 |",
-        r.heartbeat_errors
-    );
-    println!(
-        "| leader kill -9: longest stall of a task's heartbeats | {} ms | <= 2000 ms |",
-        r.kill_stall.as_millis()
-    );
-    println!(
-        "| ... failed heartbeats after the kill (a task declared dead fails them all) | {} | 0 |",
-        r.heartbeat_errors_after_kill
-    );
-    println!("| elections in the run (the kill's only) | {elections} | 1 |");
-    Ok(())
 }

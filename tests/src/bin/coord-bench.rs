@@ -18,7 +18,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 use coord_tests::bench::{
-    agent_failover, chaos, crash, dispatcher, kv, namespaces, rendezvous, rolling, tasks, tfdata,
+    agent_failover, chaos, crash, dispatcher, kv, namespaces, rendezvous, rolling, scale, tfdata,
     torch,
 };
 
@@ -43,8 +43,10 @@ enum Cmd {
     /// kill -9: the longest stall an agent call sees.
     Rolling(rolling::Args),
     /// Many simulated tasks heartbeating once a second: register, WaitForAllTasks, one barrier
-    /// across all; leader CPU and memory.
-    Tasks(tasks::Args),
+    /// across all, a leader kill; leader CPU and memory.
+    Tasks(scale::Args),
+    /// `tasks` for several job sizes (10k, 30k, 100k), heartbeats at TensorFlow's interval.
+    Scale(scale::ScaleArgs),
     /// Seeded fault-injection runs (crashes, pauses, partitions) checked for linearizability,
     /// barrier safety, lost writes and the task incarnation rules.
     Chaos(chaos::Args),
@@ -111,7 +113,13 @@ async fn main() {
             }
         }
         Cmd::Tasks(args) => {
-            if let Err(e) = tasks::report(args).await {
+            if let Err(e) = scale::tasks(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Scale(args) => {
+            if let Err(e) = scale::scale(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

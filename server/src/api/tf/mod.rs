@@ -59,7 +59,7 @@ struct EncodedDevices {
     form: AnswerForm,
     fields: bytes::Bytes,
     /// The whole answer with these fields, for the incarnation it was made for: what
-    /// [`SharedAnswerLayer`](crate::api::shared_answer::SharedAnswerLayer) sends to every caller.
+    /// [`RewriteLayer`](crate::api::rewrite::RewriteLayer) sends to every caller.
     whole: Option<(u64, Arc<AnswerBytes>)>,
 }
 
@@ -165,7 +165,7 @@ impl TfService {
                 whole.clone()
             }
             _ => {
-                let whole = Arc::new(AnswerBytes::new(answer.encode_to_vec().into()));
+                let whole = Arc::new(AnswerBytes::encode(answer));
                 entry.whole = Some((answer.leader_incarnation, whole.clone()));
                 whole
             }

@@ -41,7 +41,7 @@ impl CoordCore {
         };
         // Heard before the commit, as in `register_task`: the heartbeat checker may see the task
         // connected before this call resumes.
-        self.heartbeats.record(&task, incarnation);
+        self.heard(&task, incarnation);
         let outcome = match self.commit(id, op).await? {
             Output::Barrier {
                 outcome: Some(o), ..
@@ -51,7 +51,7 @@ impl CoordCore {
                 outcome: None,
             } => {
                 // Registered: it counts as a heartbeat while the others arrive.
-                self.heartbeats.record(&task, incarnation);
+                self.heard(&task, incarnation);
                 self.await_barrier(REGISTER_BARRIER, counter, epoch, slot)
                     .await?
             }
@@ -60,7 +60,7 @@ impl CoordCore {
         if let Outcome::Failed { code, message } = outcome {
             return Err(CoordError::status(code, message));
         }
-        self.heartbeats.record(&task, incarnation);
+        self.heard(&task, incarnation);
         self.service_incarnation()
     }
 

@@ -1,0 +1,252 @@
+//! `coord-bench scale` and `coord-bench tasks`: the job of [`super::tasks`] on a fresh
+//! three-replica ensemble (`--job worker=N`) for each size N, one table with a column per size.
+//! `tasks` is one size with the older defaults (heartbeat every second, 100 connections).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::tasks::{run, Load, TasksReport, ACCEPT_GZIP};
+
+/// What `coord-bench tasks` runs: one size.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Simulated tasks.
+    #[arg(long, default_value_t = 10_000)]
+    pub tasks: usize,
+    /// Connections the tasks share (a real job has one per task, or one per sidecar).
+    #[arg(long, default_value_t = 100)]
+    pub connections: usize,
+    /// Bytes of the one TensorFlow device each task sends with WaitForAllTasks (a CPU device's
+    /// `DeviceAttributes` is about 170; 0 = no devices).
+    #[arg(long, default_value_t = 170)]
+    pub device_bytes: usize,
+    /// The tasks do not accept gzip answers (TensorFlow's and jaxlib's clients do).
+    #[arg(long)]
+    pub no_gzip: bool,
+    /// Each task heartbeats this often, in ms.
+    #[arg(long, default_value_t = 1_000)]
+    pub heartbeat_ms: u64,
+    /// Barrier and WaitForAllTasks calls started per second as the tasks gather (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    pub arrivals_per_second: usize,
+}
+
+/// What `coord-bench scale` runs: several sizes, TensorFlow's heartbeat interval.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ScaleArgs {
+    /// Job sizes, in tasks, each on a fresh ensemble.
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000, 30_000, 100_000])]
+    pub sizes: Vec<usize>,
+    /// Tasks per connection, as a sidecar carrying a host's tasks would multiplex them.
+    #[arg(long, default_value_t = 100)]
+    pub tasks_per_connection: usize,
+    /// Bytes of each task's one TensorFlow device (0 = no devices).
+    #[arg(long, default_value_t = 170)]
+    pub device_bytes: usize,
+    /// The tasks do not accept gzip answers.
+    #[arg(long)]
+    pub no_gzip: bool,
+    /// Each task heartbeats this often, in ms: TensorFlow's agents send one every 5 s (half
+    /// their 10 s timeout, which the ensemble is given too).
+    #[arg(long, default_value_t = 5_000)]
+    pub heartbeat_ms: u64,
+    /// Barrier and WaitForAllTasks calls started per second as the tasks gather (0: all at
+    /// once): a job's tasks reach a barrier over seconds, and 100,000 at once on this two-core
+    /// machine (three replicas and the load generator) starve the heartbeats sent meanwhile.
+    #[arg(long, default_value_t = 10_000)]
+    pub arrivals_per_second: usize,
+}
+
+/// One size's run: the report and the elections it saw (the kill's only, if all went well).
+struct Measured {
+    report: TasksReport,
+    connections: usize,
+    elections: u64,
+}
+
+/// Runs `coord-bench tasks`.
+pub async fn tasks(args: Args) -> Result<(), String> {
+    ACCEPT_GZIP.store(!args.no_gzip, Ordering::Relaxed);
+    let m = measure(&Load {
+        tasks: args.tasks,
+        connections: args.connections,
+        device_bytes: args.device_bytes,
+        heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(1)),
+        cpu_window: Duration::from_secs(10),
+        arrivals_per_second: args.arrivals_per_second,
+    })
+    .await?;
+    print(&[m], args.no_gzip);
+    Ok(())
+}
+
+/// Runs `coord-bench scale`; a size that fails is reported and the next one still runs.
+pub async fn scale(args: ScaleArgs) -> Result<(), String> {
+    ACCEPT_GZIP.store(!args.no_gzip, Ordering::Relaxed);
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    for &tasks in &args.sizes {
+        let load = Load {
+            tasks,
+            connections: tasks.div_ceil(args.tasks_per_connection.max(1)),
+            device_bytes: args.device_bytes,
+            heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(1)),
+            cpu_window: Duration::from_secs(15),
+            arrivals_per_second: args.arrivals_per_second,
+        };
+        match measure(&load).await {
+            Ok(m) => done.push(m),
+            Err(e) => {
+                eprintln!("coord-bench scale: {tasks} tasks failed: {e}");
+                failed.push(format!("{tasks} tasks: {e}"));
+            }
+        }
+    }
+    print(&done, args.no_gzip);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// One size on a fresh ensemble.
+async fn measure(load: &Load) -> Result<Measured, String> {
+    let heartbeat_timeout = (load.heartbeat_every * 2).max(Duration::from_secs(10));
+    let mut cluster = crate::Cluster::start(crate::ClusterOptions {
+        extra_args: vec![
+            "--worker-threads".into(),
+            "1".into(),
+            "--job".into(),
+            format!("worker={}", load.tasks),
+            "--heartbeat-timeout-ms".into(),
+            heartbeat_timeout.as_millis().to_string(),
+        ],
+        log_filter: "warn".into(),
+        ..crate::ClusterOptions::default()
+    });
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let pid = cluster.pid(leader).ok_or("leader has no process")?;
+    let term_before = cluster.status(leader).map_or(0, |s| s.term);
+    // Parked calls on whichever replica leads now (summed: only the leader parks any).
+    let https: Vec<std::net::SocketAddr> = cluster
+        .ids()
+        .iter()
+        .map(|&id| cluster.replica(id).http)
+        .collect();
+    let parked = move || {
+        https
+            .iter()
+            .filter_map(|&http| crate::http::get(http, "/metrics").ok())
+            .filter_map(|(_, m)| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("coord_parked_calls "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .map(|v| v as u64)
+            .sum::<u64>()
+    };
+    eprintln!(
+        "coord-bench: {} tasks over {} connections, heartbeat every {:?}, leader is replica {leader} (pid {pid})",
+        load.tasks, load.connections, load.heartbeat_every
+    );
+    let report = run(cluster.endpoints(), load, pid, parked, || {
+        cluster.kill(leader)
+    })
+    .await?;
+    // Read off a survivor: the leader is dead by now.
+    let survivor = cluster.ids().into_iter().find(|&id| id != leader);
+    let after = survivor.and_then(|id| cluster.status(id));
+    let elections = after.map_or(0, |s| s.term.saturating_sub(term_before));
+    Ok(Measured {
+        report,
+        connections: load.connections,
+        elections,
+    })
+}
+
+/// The table: a row per measure, a column per size.
+fn print(runs: &[Measured], no_gzip: bool) {
+    if runs.is_empty() {
+        return;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let row = |name: &str, target: &str, cell: &dyn Fn(&Measured) -> String| {
+        let cells: Vec<String> = runs.iter().map(cell).collect();
+        println!("| {name} | {} | {target} |", cells.join(" | "));
+    };
+    println!();
+    let sizes: Vec<String> = runs
+        .iter()
+        .map(|m| format!("{} tasks", m.report.tasks))
+        .collect();
+    println!("| measure (3 replicas) | {} | target |", sizes.join(" | "));
+    println!("|---|{}---:|", "---:|".repeat(runs.len()));
+    row("connections (tasks share them)", "", &|m| {
+        m.connections.to_string()
+    });
+    row("register all tasks", "", &|m| {
+        format!(
+            "{:.2} s ({:.0} tasks/s)",
+            m.report.register.as_secs_f64(),
+            m.report.tasks as f64 / m.report.register.as_secs_f64()
+        )
+    });
+    let gzip = if no_gzip { "" } else { ", gzip accepted" };
+    row(
+        &format!("WaitForAllTasks, one device per task{gzip}: every answer after the last call"),
+        "",
+        &|m| {
+            format!(
+                "{:.2} s ({:.0} MB on the wire, {} B devices)",
+                m.report.wait_for_all.as_secs_f64(),
+                m.report.wait_for_all_bytes as f64 / 1e6,
+                m.report.device_bytes
+            )
+        },
+    );
+    row(
+        "barrier released after the last arrival",
+        "<= 300 ms",
+        &|m| format!("{} ms", m.report.barrier_release.as_millis()),
+    );
+    row(
+        "leader CPU with every task heartbeating",
+        "<= 0.5 core",
+        &|m| format!("{:.2} cores", m.report.heartbeat_cpu_cores),
+    );
+    row("leader RSS growth per registered task", "", &|m| {
+        format!(
+            "{:.0} B ({:.0} -> {:.0} MiB)",
+            m.report.rss_per_registered_task(),
+            mib(m.report.leader_rss_before),
+            mib(m.report.leader_rss_registered)
+        )
+    });
+    row(
+        "leader RSS growth per parked Barrier call",
+        "<= 4096 B",
+        &|m| format!("{:.0} B", m.report.rss_per_parked_call()),
+    );
+    row(
+        "leader RSS growth per parked WaitForAllTasks call",
+        "<= 4096 B",
+        &|m| format!("{:.0} B", m.report.rss_per_parked_wait()),
+    );
+    row("failed heartbeats before the kill", "0", &|m| {
+        m.report.heartbeat_errors.to_string()
+    });
+    row(
+        "leader kill -9: longest stall of a task's heartbeats",
+        "<= 2000 ms",
+        &|m| format!("{} ms", m.report.kill_stall.as_millis()),
+    );
+    row(
+        "... failed heartbeats after the kill (a task declared dead fails them all)",
+        "0",
+        &|m| m.report.heartbeat_errors_after_kill.to_string(),
+    );
+    row("elections in the run (the kill's only)", "1", &|m| {
+        m.elections.to_string()
+    });
+}
