@@ -64,8 +64,22 @@ impl PeerChannels {
         }
     }
 
-    /// A channel to `addr` (`host:port`), created on first use without connecting.
+    /// The first channel to `addr` (`host:port`), for one-off calls (status probes, membership):
+    /// they need not open every forwarding connection.
     pub fn get(&self, addr: &str) -> Result<PeerChannel, String> {
+        self.nth(addr, 0)
+    }
+
+    /// A channel to `addr`, the next in turn: for forwarded calls (see [`FORWARD_CONNECTIONS`]).
+    pub fn in_turn(&self, addr: &str) -> Result<PeerChannel, String> {
+        self.nth(
+            addr,
+            self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Channel `turn` (modulo their number) to `addr`, created on first use without connecting.
+    fn nth(&self, addr: &str, turn: usize) -> Result<PeerChannel, String> {
         let mut guard = self
             .channels
             .lock()
@@ -76,7 +90,6 @@ impl PeerChannels {
         if guard.1 != generation {
             *guard = (HashMap::new(), generation);
         }
-        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let channels = &mut guard.0;
         if let Some(c) = channels
             .get(addr)

@@ -430,7 +430,7 @@ impl Router {
         R: Fn(PeerChannel, Request<Req>) -> RF,
         RF: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let channel = self.channels.get(addr).map_err(Status::internal)?;
+        let channel = self.channels.in_turn(addr).map_err(Status::internal)?;
         let mut req = Request::new(msg.clone());
         if let Ok(v) = self.me.to_string().parse() {
             req.metadata_mut().insert(FORWARDED_HEADER, v);
