@@ -3,6 +3,7 @@
 //! The modules, bottom up. Each uses only modules listed before it, so there is no import circle
 //! (`tests/tests/house.rs` checks every crate for one):
 //!
+//! - [`open_files`]: a process's open files limit, raised to what the host allows.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to
 //!   the leader, follows leader changes and retries with the same request id, so a mutation applies
 //!   once and a caller sees an error only when no replica could serve it for a configurable time.
@@ -26,6 +27,7 @@ pub mod blocking;
 pub mod client;
 pub mod data;
 pub mod namespace;
+pub mod open_files;
 pub mod preemption;
 pub mod proxy;
 pub mod rendezvous;

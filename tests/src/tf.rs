@@ -156,6 +156,11 @@ impl Worker {
         None
     }
 
+    /// The worker's Python process.
+    pub fn pid(&self) -> u32 {
+        self.proc.child.id()
+    }
+
     /// SIGTERM to the worker's Python process alone, as a cluster manager's preemption sends it.
     pub fn terminate(&self) {
         crate::cluster::send_signal(i64::from(self.proc.child.id()), "TERM");

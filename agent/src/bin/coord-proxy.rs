@@ -88,6 +88,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -239,6 +240,19 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
         () = grace => ExitCode::SUCCESS,
+    }
+}
+
+/// Takes the host's hard limit of open files: a proxy in front of a whole job's ranks holds one
+/// connection per rank (see `coord_agent::open_files`). Not fatal where it cannot: a small job
+/// needs no more.
+fn raise_open_files_limit() {
+    match coord_agent::open_files::raise_to_hard_limit() {
+        Ok(Some((from, to))) => {
+            eprintln!("coord-proxy: open files limit raised from {from} to {to}")
+        }
+        Ok(None) => {}
+        Err(e) => eprintln!("coord-proxy: warning: cannot raise the open files limit: {e}"),
     }
 }
 

@@ -18,6 +18,7 @@
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
 //! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
 //! - [`shared_answer`]: answers every task gets alike, sent from one buffer (gzipped once).
+//! - [`value_answers`]: large key-value answers many tasks read alike, encoded once.
 
 /// Routes a call of `$self.router` as `$kind` under the name `$name` (its metrics label): `$local`
 /// runs on the leader with `$self.core`, the message and its request id; a follower forwards it
@@ -53,5 +54,6 @@ pub mod rewrite;
 pub mod shared_answer;
 pub mod tf;
 pub mod tfdata;
+pub mod value_answers;
 pub mod wire;
 pub mod xla;

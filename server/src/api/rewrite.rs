@@ -46,10 +46,10 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let gzip = shared_answer::accepts_gzip(request.headers());
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let response = oversized::rewritten(future.await?);
-            Ok(shared_answer::shared(response, gzip))
-        })
+        // A combinator, not an async block: a block awaiting `future` would hold it twice.
+        Box::pin(futures::TryFutureExt::map_ok(
+            self.inner.call(request),
+            move |response| shared_answer::shared(oversized::rewritten(response), gzip),
+        ))
     }
 }

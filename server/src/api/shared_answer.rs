@@ -64,6 +64,12 @@ impl AnswerBytes {
         }
     }
 
+    /// The message, without its frame prefix.
+    #[cfg(test)]
+    pub fn plain_message(&self) -> &[u8] {
+        &self.plain[PREFIX..]
+    }
+
     /// The message gzip-compressed and framed (None if compressing failed or saved nothing: it
     /// is then sent plain).
     fn gzip(&self) -> Option<&Bytes> {

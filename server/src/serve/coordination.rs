@@ -48,13 +48,21 @@ pub(super) fn unexpected(what: &str, out: &Output) -> CoordError {
 }
 
 impl CoordCore {
-    pub(super) async fn commit(
+    /// Proposes `op` and waits until it is committed and applied; its output.
+    ///
+    /// Boxed: the proposal's future is over a KiB, and a call that parks after its commit (a
+    /// barrier arrival) would otherwise carry room for it in its own future all the while it
+    /// waits. Boxed, the room is given back once the commit is done.
+    pub(super) fn commit(
         &self,
         request: Option<RequestId>,
         op: Op,
-    ) -> Result<Output, CoordError> {
-        let result = self.proposer.propose(Command { request, op }).await?;
-        Ok(result?)
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Output, CoordError>> + Send + '_>>
+    {
+        Box::pin(async move {
+            let result = self.proposer.propose(Command { request, op }).await?;
+            Ok(result?)
+        })
     }
 
     /// Reads the cluster from this (leader) replica's applied state.

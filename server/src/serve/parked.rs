@@ -10,7 +10,7 @@
 //! apply wakes waiters only after releasing its write lock, so no change can slip between the
 //! check and the registration.
 //!
-//! Every parked call and watch stream holds leader memory (10–14 KB each, most of it the HTTP/2
+//! Every parked call and watch stream holds leader memory (7–9 KB each, most of it the HTTP/2
 //! stream and hyper's and tonic's per-call state), so together they are bounded by one [`ParkBudget`]
 //! (`--max-parked-calls`) across all clients: per-client caps alone let more clients grow the
 //! leader without limit. A call takes its [`Slot`] when it first parks and keeps it until it

@@ -16,8 +16,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod calls;
+
 use crate::raft::peers::PeerChannel;
 use coord_raft_store::RequestId;
+use futures::future::Either;
 use tokio::time::Instant;
 use tonic::{Code, Request, Response, Status};
 
@@ -27,10 +30,14 @@ use crate::raft::leader::{LeaderWatch, Leadership};
 use crate::raft::peers::PeerChannels;
 use coord_proto::metadata::RequestSession;
 
-use crate::ops::limits::{ClientKey, Limits};
+use crate::ops::limits::Limits;
 use crate::ops::request_id::{self, FORWARDED_HEADER};
 use crate::serve::namespace::{self, Ns};
 use crate::serve::write_rate::WriteRates;
+use calls::{
+    caller_deadline, client_key, served_in, surface_of_agents_that_never_retry,
+    waits_on_the_service,
+};
 use coord_raft_store::storage::StateReader;
 
 /// How long before a caller's deadline its call is answered DEADLINE_EXCEEDED. tonic's server
@@ -38,27 +45,22 @@ use coord_raft_store::storage::StateReader;
 /// service) answer DEADLINE_EXCEEDED: answering a little earlier gives the caller the right code.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(10);
 
-/// The deadline the caller set (`grpc-timeout`: digits and a unit), from when it arrived.
-fn caller_deadline<T>(req: &Request<T>) -> Option<Duration> {
-    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 /// Whether a request changes state (and therefore needs a request id).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Read,
     Write,
+}
+
+/// A call [`Router::route`] admitted: what it read off the request, and the message.
+struct Admitted<Req> {
+    /// Held while the call runs (the client's share of waiting calls).
+    permit: Option<crate::ops::limits::Permit>,
+    ns: Ns,
+    call: Call,
+    deadline: Option<Duration>,
+    given_id: Option<RequestId>,
+    msg: Req,
 }
 
 /// How one call is driven (see [`Router::route`]).
@@ -95,7 +97,7 @@ const NO_LEADER_WAIT: Duration = Duration::from_millis(1500);
 /// How long a follower waits for the leader's answer to a forwarded call that should answer at
 /// once before it tells the client UNAVAILABLE (so the client tries another replica): past this,
 /// its link to the leader is likely cut in one direction. Calls that wait (see
-/// [`waits_on_the_service`]) are not limited.
+/// [`calls::waits_on_the_service`]) are not limited.
 const QUICK_FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 /// "No deadline" for a wait that ends on an event.
 const FOREVER: Duration = Duration::from_secs(86_400 * 365);
@@ -204,86 +206,111 @@ impl Router {
 
     /// Runs `req` on the leader: `local` when this replica leads, `remote` (a call of the same
     /// method on the leader's channel) otherwise. Records the RPC in the metrics.
-    pub async fn route<Req, Resp, L, LF, R, RF>(
-        &self,
+    ///
+    /// Everything read off the request (admission, namespace, deadline, request id) is read here,
+    /// before the call's future is built: that future holds only the message and what was read,
+    /// not the request's metadata, and not twice over as an `async fn`'s arguments are (a parked
+    /// call keeps its future for as long as it waits).
+    pub fn route<'a, Req, Resp, L, LF, R, RF>(
+        &'a self,
         method: &'static str,
         kind: Kind,
         req: Request<Req>,
         local: L,
         remote: R,
-    ) -> Result<Response<Resp>, Status>
+    ) -> impl Future<Output = Result<Response<Resp>, Status>> + 'a
     where
-        Req: Clone,
-        L: Fn(Req, Option<RequestId>) -> LF,
-        LF: Future<Output = Result<Resp, CoordError>>,
-        R: Fn(PeerChannel, Request<Req>) -> RF,
-        RF: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Clone + 'a,
+        Resp: 'a,
+        L: Fn(Req, Option<RequestId>) -> LF + 'a,
+        LF: Future<Output = Result<Resp, CoordError>> + 'a,
+        R: Fn(PeerChannel, Request<Req>) -> RF + 'a,
+        RF: Future<Output = Result<Response<Resp>, Status>> + 'a,
     {
         let started = std::time::Instant::now();
+        let a = match self.admit(method, kind, req) {
+            Ok(a) => a,
+            Err(s) => {
+                self.metrics.record_rpc(method, s.code(), started.elapsed());
+                return Either::Left(std::future::ready(Err(s)));
+            }
+        };
+        // The admitted call's fields are moved into the drive where they are used, never bound
+        // to locals here: a local would be a second copy beside the block's own.
+        Either::Right(async move {
+            // Answered before the transport's own timer fires, which would answer CANCELLED;
+            // without a deadline the call runs under an instant that never comes. Everything the
+            // call does, here or on the leader, acts in its namespace.
+            let limit = a.deadline.map(|d| d.saturating_sub(DEADLINE_MARGIN));
+            let result = tokio::time::timeout(
+                limit.unwrap_or(FOREVER),
+                namespace::within(a.ns, self.drive(a.call, a.msg, a.given_id, local, remote)),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "{method}: the caller's deadline ({:?}) expired before the call completed",
+                    a.deadline.unwrap_or_default()
+                )))
+            });
+            // The client's share of waiting calls is given back only now. Named here, the
+            // permit is captured by the block: a field it never used would be left behind in
+            // `a`, and dropped as soon as the call was handed on.
+            drop(a.permit);
+            let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+            self.metrics.record_rpc(method, code, started.elapsed());
+            result.map(Response::new)
+        })
+    }
+
+    /// What [`Self::route`] reads off a request before driving it; a refusal as its status.
+    fn admit<Req>(
+        &self,
+        method: &'static str,
+        kind: Kind,
+        req: Request<Req>,
+    ) -> Result<Admitted<Req>, Status> {
         // A forward is a call another replica already admitted and checked. Over TLS the mark
         // counts only from a replica's certificate; a client setting it gains nothing.
         let forwarded =
             req.metadata().contains_key(FORWARDED_HEADER) && self.authz.from_replica(&req);
         // Admitted where it entered the ensemble: a forward from another replica passes.
-        let _permit = if forwarded {
+        let permit = if forwarded {
             None
         } else {
-            match self
-                .limits
-                .admit(client_key(&req), method, waits_on_the_service(method))
-            {
-                Ok(p) => p,
-                Err(s) => {
-                    self.metrics.record_rpc(method, s.code(), started.elapsed());
-                    return Err(s);
-                }
-            }
+            self.limits
+                .admit(client_key(&req), method, waits_on_the_service(method))?
         };
-        let ns = match self.namespace_of(&req).map(|ns| served_in(method, ns)) {
-            Ok(ns) => ns,
-            Err(s) => {
-                self.metrics.record_rpc(method, s.code(), started.elapsed());
-                return Err(s);
-            }
-        };
+        let ns = served_in(method, self.namespace_of(&req)?);
         // jaxlib's and TensorFlow's clients fail on an UNAVAILABLE; coord's try another replica.
         let patient = surface_of_agents_that_never_retry(method)
             && !req
                 .metadata()
                 .contains_key(coord_proto::metadata::FAILS_OVER);
-        let call = Call {
-            kind,
-            waits: waits_on_the_service(method),
-            patient,
-            forwarded,
+        let given_id = match kind {
+            Kind::Write => request_id::from_metadata(req.metadata())?,
+            Kind::Read => None,
         };
-        let deadline = caller_deadline(&req);
-        // Everything the call does, here or on the leader, acts in its namespace.
-        // Answered before the transport's own timer fires, which would answer CANCELLED; without
-        // a deadline the call runs under an instant that never comes. The call is built
-        // in place, never bound to a local: a moved-from local keeps its room in the future, and
-        // a parked call would hold its state twice.
-        let limit = deadline.map(|d| d.saturating_sub(DEADLINE_MARGIN));
-        let result = tokio::time::timeout(
-            limit.unwrap_or(FOREVER),
-            namespace::within(ns, self.drive(call, req, local, remote)),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(Status::deadline_exceeded(format!(
-                "{method}: the caller's deadline ({:?}) expired before the call completed",
-                deadline.unwrap_or_default()
-            )))
-        });
-        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
-        self.metrics.record_rpc(method, code, started.elapsed());
-        result.map(Response::new)
+        Ok(Admitted {
+            permit,
+            ns,
+            call: Call {
+                kind,
+                waits: waits_on_the_service(method),
+                patient,
+                forwarded,
+            },
+            deadline: caller_deadline(&req),
+            given_id,
+            msg: req.into_inner(),
+        })
     }
 
     async fn drive<Req, Resp, L, LF, R, RF>(
         &self,
         call: Call,
-        req: Request<Req>,
+        msg: Req,
+        given_id: Option<RequestId>,
         local: L,
         remote: R,
     ) -> Result<Resp, Status>
@@ -300,15 +327,10 @@ impl Router {
             patient,
             forwarded,
         } = call;
-        let given_id = match kind {
-            Kind::Write => request_id::from_metadata(req.metadata())?,
-            Kind::Read => None,
-        };
         // A write that arrived without an id gets one of ours; the ticket lives as long as we
         // drive the request.
         let ticket = (kind == Kind::Write && given_id.is_none()).then(|| self.session.begin());
         let id = given_id.or(ticket.as_ref().map(|t| request_id::to_request_id(&t.id)));
-        let msg = req.into_inner();
 
         let mut failing_since: Option<Instant> = None;
         let mut leaderless_since: Option<Instant> = None;
@@ -454,138 +476,5 @@ impl Router {
             }
         }
         s
-    }
-}
-
-/// The namespace `method` acts in when bound to `ns`: its own, but the calls that manage
-/// namespaces name the one they act on, and run outside every namespace.
-fn served_in(method: &str, ns: Ns) -> Ns {
-    if method.starts_with("namespaces/") {
-        None
-    } else {
-        ns
-    }
-}
-
-/// Who `req` counts against: its request-id client, else its connection.
-fn client_key<T>(req: &Request<T>) -> ClientKey {
-    match coord_proto::metadata::WireRequestId::read(req.metadata()) {
-        Ok(Some(id)) => ClientKey::Id(id.client),
-        _ => req
-            .remote_addr()
-            .map_or(ClientKey::Unknown, ClientKey::Connection),
-    }
-}
-
-/// Calls that may legitimately wait on the service for long: a follower forwarding them does not
-/// time them out.
-fn waits_on_the_service(method: &str) -> bool {
-    match method.strip_prefix("xla/") {
-        // XLA's registration waits at the register barrier.
-        Some(m) => matches!(
-            m,
-            "RegisterTask"
-                | "GetKeyValue"
-                | "Barrier"
-                | "ShutdownTask"
-                | "PollForError"
-                | "GetAliveTasks"
-                | "WatchTasks"
-        ),
-        // A new member catches up before it is added. TF's consumers wait for one another to
-        // remove a task; a new iteration's tasks are pushed to its workers before it answers.
-        None => matches!(
-            method,
-            "GetKeyValue"
-                | "Barrier"
-                | "WaitForAllTasks"
-                | "ShutdownTask"
-                | "PollForError"
-                | "GetAliveTasks"
-                | "WatchJobState"
-                | "coordination/PollForError"
-                | "AddMember"
-                | "RemoveMember"
-                | "tfdata/MaybeRemoveTask"
-                | "tfdata/GetOrCreateIteration"
-                | "raw/Wait"
-                | "raw/Barrier"
-                | "raw/QueuePop"
-        ),
-    }
-}
-
-/// The RPCs of `tensorflow.CoordinationService` (TF 2.21), by the names routing knows them by.
-const TF_METHODS: [&str; 19] = [
-    "RegisterTask",
-    "Heartbeat",
-    "WaitForAllTasks",
-    "ShutdownTask",
-    "ResetTask",
-    "ReportErrorToTask",
-    "ReportErrorToService",
-    "GetTaskState",
-    "WatchJobState",
-    "InsertKeyValue",
-    "GetKeyValue",
-    "TryGetKeyValue",
-    "IncrementKeyValue",
-    "GetKeyValueDir",
-    "DeleteKeyValue",
-    "Barrier",
-    "CancelBarrier",
-    "GetAliveTasks",
-    "PollForError",
-];
-
-/// Whether `method`'s callers are TensorFlow's or jaxlib's own clients, which take `UNAVAILABLE`
-/// as fatal (TF's agent retries none of its calls but RegisterTask, jaxlib none at all; TF's
-/// tf.data clients and workers give up on a dispatcher that stays unavailable): without the mark
-/// coord's own clients send, such a call is held until a leader serves it.
-fn surface_of_agents_that_never_retry(method: &str) -> bool {
-    method.starts_with("xla/") || method.starts_with("tfdata/") || TF_METHODS.contains(&method)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_timeout(v: &str) -> Request<()> {
-        let mut r = Request::new(());
-        r.metadata_mut()
-            .insert("grpc-timeout", v.parse().expect("ascii"));
-        r
-    }
-
-    #[test]
-    fn caller_deadlines_are_read_in_every_unit() {
-        assert_eq!(
-            caller_deadline(&with_timeout("300m")),
-            Some(Duration::from_millis(300))
-        );
-        assert_eq!(
-            caller_deadline(&with_timeout("2S")),
-            Some(Duration::from_secs(2))
-        );
-        assert_eq!(
-            caller_deadline(&with_timeout("1M")),
-            Some(Duration::from_secs(60))
-        );
-        assert_eq!(
-            caller_deadline(&with_timeout("1H")),
-            Some(Duration::from_secs(3600))
-        );
-        assert_eq!(
-            caller_deadline(&with_timeout("5u")),
-            Some(Duration::from_micros(5))
-        );
-        assert_eq!(
-            caller_deadline(&with_timeout("7n")),
-            Some(Duration::from_nanos(7))
-        );
-        assert_eq!(caller_deadline(&with_timeout("")), None);
-        assert_eq!(caller_deadline(&with_timeout("m")), None);
-        assert_eq!(caller_deadline(&with_timeout("12x")), None);
-        assert_eq!(caller_deadline(&Request::new(())), None);
     }
 }

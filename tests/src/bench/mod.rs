@@ -28,6 +28,7 @@ pub mod scale;
 pub mod tasks;
 pub mod tfdata;
 pub mod torch;
+pub mod wait_for_all;
 
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;

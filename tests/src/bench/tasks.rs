@@ -91,7 +91,7 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn task(i: usize) -> tf::CoordinatedTask {
+pub(super) fn task(i: usize) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: "worker".into(),
         task_id: i32::try_from(i).unwrap_or(i32::MAX),
@@ -101,17 +101,17 @@ fn task(i: usize) -> tf::CoordinatedTask {
 
 /// A spawned task that is aborted if the run ends before it is awaited: a run that fails must
 /// not leave thousands of simulated tasks calling an ensemble that is gone.
-struct Spawned<T>(tokio::task::JoinHandle<T>);
+pub(super) struct Spawned<T>(tokio::task::JoinHandle<T>);
 
 impl<T> Spawned<T> {
-    fn new(f: impl std::future::Future<Output = T> + Send + 'static) -> Self
+    pub(super) fn new(f: impl std::future::Future<Output = T> + Send + 'static) -> Self
     where
         T: Send + 'static,
     {
         Self(tokio::spawn(f))
     }
 
-    async fn join(mut self) -> Result<T, String> {
+    pub(super) async fn join(mut self) -> Result<T, String> {
         (&mut self.0).await.map_err(|e| e.to_string())
     }
 }
@@ -177,7 +177,7 @@ const DEVICE_ATTRIBUTES_URL: &str = "type.googleapis.com/tensorflow.DeviceAttrib
 /// Task `i`'s WaitForAllTasks as TF 2.21 sends it (its device list always present): one CPU
 /// device of about `device_bytes` bytes (a `DeviceAttributes` with its name, type, memory limit,
 /// incarnation and a description padded to the size), or none.
-fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasksRequest {
+pub(super) fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasksRequest {
     use prost::encoding::{fixed64, int64, string};
     let device = (device_bytes > 0).then(|| {
         let mut value = Vec::with_capacity(device_bytes);
@@ -212,11 +212,20 @@ pub static ACCEPT_GZIP: AtomicBool = AtomicBool::new(true);
 /// (compressed, if the task accepts gzip): the answers of a large job are O(N²) bytes, and a load
 /// generator that decompressed and decoded them all would measure itself, not the leader. The
 /// call is made on the channel directly, so tonic neither decompresses nor decodes the body.
-async fn answer_size(
-    mut ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
+pub(super) async fn answer_size(
+    ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
     req: tonic::Request<tf::WaitForAllTasksRequest>,
 ) -> Result<tonic::Response<usize>, tonic::Status> {
-    use prost::Message;
+    call_size(ch, "/tensorflow.CoordinationService/WaitForAllTasks", req).await
+}
+
+/// A unary call of `path` on `ch`, keeping only the size of the answer as it crossed the wire
+/// (see [`answer_size`]).
+pub(super) async fn call_size<M: prost::Message>(
+    mut ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
+    path: &'static str,
+    req: tonic::Request<M>,
+) -> Result<tonic::Response<usize>, tonic::Status> {
     use tonic::client::GrpcService;
     use tonic::codegen::http;
     let (metadata, _, message) = req.into_parts();
@@ -230,7 +239,7 @@ async fn answer_size(
     message
         .encode(&mut framed)
         .map_err(|e| tonic::Status::internal(e.to_string()))?;
-    let mut call = http::Request::post("/tensorflow.CoordinationService/WaitForAllTasks")
+    let mut call = http::Request::post(path)
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(tonic::body::Body::new(http_body_util::Full::new(

@@ -19,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
 use coord_tests::bench::{
     agent_failover, chaos, crash, dispatcher, kv, namespaces, rendezvous, rolling, scale, tfdata,
-    torch,
+    torch, wait_for_all,
 };
 
 #[derive(Parser)]
@@ -47,6 +47,9 @@ enum Cmd {
     Tasks(scale::Args),
     /// `tasks` for several job sizes (10k, 30k, 100k), heartbeats at TensorFlow's interval.
     Scale(scale::ScaleArgs),
+    /// A whole job's WaitForAllTasks (2,000 and 10,000 tasks) on coord against TensorFlow's own
+    /// coordination service, hosted by a TensorFlow process.
+    WaitForAll(wait_for_all::Args),
     /// Seeded fault-injection runs (crashes, pauses, partitions) checked for linearizability,
     /// barrier safety, lost writes and the task incarnation rules.
     Chaos(chaos::Args),
@@ -120,6 +123,12 @@ async fn main() {
         }
         Cmd::Scale(args) => {
             if let Err(e) = scale::scale(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::WaitForAll(args) => {
+            if let Err(e) = wait_for_all::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

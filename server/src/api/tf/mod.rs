@@ -16,9 +16,11 @@
 //! - `PollForError` works as in TF's polling mode (a coordination service that cannot reach its
 //!   agents): it parks until another task's error and ends with it.
 //!
-//! [`service`] holds the RPCs; this module the service's state and the helpers they share.
+//! [`service`] holds the RPCs, [`waits`] the two that park until the whole job arrives; this
+//! module the service's state and the helpers they share.
 
 mod service;
+mod waits;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -29,12 +31,18 @@ use prost::Message;
 
 use crate::api::payloads::{detailed_with, with_payloads};
 use crate::api::shared_answer::{AnswerBytes, SharedAnswer};
+use crate::api::value_answers::{carries_values, ValueAnswers};
 use crate::api::wire::{cluster_devices, devices_from, error_payload};
 use crate::error::{grpc_code, CoordError};
 use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use crate::serve::coordination::CoordCore;
 use crate::serve::kv::KvCore;
 use crate::serve::route::Router;
+
+carries_values!(
+    single: tf::GetKeyValueResponse, tf::TryGetKeyValueResponse;
+    dir: tf::GetKeyValueDirResponse
+);
 
 /// The type URL TensorFlow packs each device's `DeviceAttributes` under.
 const DEVICE_ATTRIBUTES_URL: &str = "type.googleapis.com/tensorflow.DeviceAttributes";
@@ -43,6 +51,8 @@ pub struct TfService {
     router: Arc<Router>,
     kv: Arc<KvCore>,
     coord: Arc<CoordCore>,
+    /// Large key-value answers, encoded once for every reader (see `api::value_answers`).
+    values: ValueAnswers,
     /// The last device lists encoded for WaitForAllTasks answers: a whole job released at once
     /// gets each list encoded once, not once per task.
     answers: Mutex<Vec<EncodedDevices>>,
@@ -116,6 +126,7 @@ impl TfService {
             router,
             kv,
             coord,
+            values: ValueAnswers::default(),
             answers: Mutex::new(Vec::new()),
         }
     }

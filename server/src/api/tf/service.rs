@@ -5,9 +5,8 @@ use coord_proto::tensorflow::coordination_service_server::CoordinationService;
 use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
-use super::{
-    client, devices_of, entry, propagated, refused_registration, served, AnswerForm, TfService,
-};
+use super::waits::Answer;
+use super::{client, entry, propagated, refused_registration, served, TfService};
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{state_to, task_from, task_to, tasks_from};
 use crate::error::{grpc_code, CoordError};
@@ -80,45 +79,16 @@ impl CoordinationService for TfService {
             .await
     }
 
-    async fn wait_for_all_tasks(
-        &self,
+    /// Not an `async fn` (see [`super::waits`]).
+    fn wait_for_all_tasks<'life0, 'async_trait>(
+        &'life0 self,
         req: Request<tf::WaitForAllTasksRequest>,
-    ) -> Result<Response<tf::WaitForAllTasksResponse>, Status> {
-        self.router.check_task(
-            &req,
-            "WaitForAllTasks",
-            "source_task",
-            req.get_ref().source_task.as_ref(),
-        )?;
-        let core = &*self.coord;
-        let this = self;
-        let mut answer = self
-            .router
-            .route(
-                "WaitForAllTasks",
-                Kind::Write,
-                req,
-                |m, id| {
-                    served(async move {
-                        let task = task_from(m.source_task.as_ref(), "source_task")?;
-                        let form = AnswerForm::of(&m);
-                        let (leader_incarnation, all) =
-                            core.wait_for_all(id, task, devices_of(&m)?).await?;
-                        Ok(tf::WaitForAllTasksResponse {
-                            leader_incarnation,
-                            encoded: this.device_fields(form, &all)?,
-                            ..Default::default()
-                        })
-                    })
-                },
-                |ch, r| async move { client(ch).wait_for_all_tasks(r).await },
-            )
-            .await?;
-        // Sent from the one buffer every task's answer shares (see `api::shared_answer`).
-        if let Some(shared) = self.shared_answer(answer.get_ref()) {
-            answer.extensions_mut().insert(shared);
-        }
-        Ok(answer)
+    ) -> Answer<'async_trait, tf::WaitForAllTasksResponse>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.wait_for_all_call(req)
     }
 
     async fn shutdown_task(
@@ -334,6 +304,7 @@ impl CoordinationService for TfService {
                 |ch, r| async move { client(ch).get_key_value(r).await },
             )
             .await
+            .map(|a| self.values.attach("GetKeyValue", a))
     }
 
     async fn try_get_key_value(
@@ -357,6 +328,7 @@ impl CoordinationService for TfService {
                 |ch, r| async move { client(ch).try_get_key_value(r).await },
             )
             .await
+            .map(|a| self.values.attach("TryGetKeyValue", a))
     }
 
     async fn increment_key_value(
@@ -404,6 +376,7 @@ impl CoordinationService for TfService {
                 |ch, r| async move { client(ch).get_key_value_dir(r).await },
             )
             .await
+            .map(|a| self.values.attach("GetKeyValueDir", a))
     }
 
     async fn delete_key_value(
@@ -427,47 +400,16 @@ impl CoordinationService for TfService {
             .await
     }
 
-    async fn barrier(
-        &self,
+    /// Not an `async fn` (see [`super::waits`]).
+    fn barrier<'life0, 'async_trait>(
+        &'life0 self,
         req: Request<tf::BarrierRequest>,
-    ) -> Result<Response<tf::BarrierResponse>, Status> {
-        self.router.check_task(
-            &req,
-            "Barrier",
-            "source_task",
-            req.get_ref().source_task.as_ref(),
-        )?;
-        let core = &*self.coord;
-        self.router
-            .route(
-                "Barrier",
-                Kind::Write,
-                req,
-                |m, id| async move {
-                    let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                    // Awaited in place, never bound to a local (see `Router::route`).
-                    match async {
-                        let source = task_from(m.source_task.as_ref(), "source_task")?;
-                        let tasks = tasks_from(&m.tasks, "tasks")?;
-                        core.barrier(
-                            id,
-                            m.barrier_id,
-                            m.counter,
-                            tasks,
-                            m.barrier_timeout_in_ms,
-                            source,
-                        )
-                        .await
-                    }
-                    .await
-                    {
-                        Ok(counter) => Ok(tf::BarrierResponse { counter }),
-                        Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                    }
-                },
-                |ch, r| async move { client(ch).barrier(r).await },
-            )
-            .await
+    ) -> Answer<'async_trait, tf::BarrierResponse>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.barrier_call(req)
     }
 
     async fn cancel_barrier(

@@ -39,9 +39,16 @@ pub struct XlaService {
     router: Arc<Router>,
     kv: Arc<KvCore>,
     coord: Arc<CoordCore>,
+    /// Large key-value answers, encoded once for every reader (see `api::value_answers`).
+    values: crate::api::value_answers::ValueAnswers,
     /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
     job: Option<String>,
 }
+
+crate::api::value_answers::carries_values!(
+    single: xla::GetKeyValueResponse, xla::TryGetKeyValueResponse;
+    dir: xla::GetKeyValueDirResponse
+);
 
 fn client(ch: PeerChannel) -> CoordinationServiceClient<PeerChannel> {
     CoordinationServiceClient::new(ch)
@@ -77,6 +84,7 @@ impl XlaService {
             router,
             kv,
             coord,
+            values: Default::default(),
             job,
         }
     }

@@ -210,6 +210,7 @@ impl CoordinationService for XlaService {
                 |ch, r| async move { client(ch).get_key_value(r).await },
             )
             .await
+            .map(|a| self.values.attach("xla/GetKeyValue", a))
     }
 
     async fn try_get_key_value(
@@ -234,6 +235,7 @@ impl CoordinationService for XlaService {
                 |ch, r| async move { client(ch).try_get_key_value(r).await },
             )
             .await
+            .map(|a| self.values.attach("xla/TryGetKeyValue", a))
     }
 
     async fn increment_key_value(
@@ -284,6 +286,7 @@ impl CoordinationService for XlaService {
                 |ch, r| async move { client(ch).get_key_value_dir(r).await },
             )
             .await
+            .map(|a| self.values.attach("xla/GetKeyValueDir", a))
     }
 
     async fn delete_key_value(
@@ -309,47 +312,59 @@ impl CoordinationService for XlaService {
             .await
     }
 
-    async fn barrier(
-        &self,
+    /// Not an `async fn`, as TensorFlow's Barrier (`api::tf`): a parked call's future holds no
+    /// copy of the request.
+    fn barrier<'life0, 'async_trait>(
+        &'life0 self,
         req: Request<xla::BarrierRequest>,
-    ) -> Result<Response<xla::BarrierResponse>, Status> {
-        self.acting_as(
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Response<xla::BarrierResponse>, Status>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        if let Err(s) = self.acting_as(
             &req,
             "xla/Barrier",
             "source_task_id",
             req.get_ref().source_task_id,
-        )?;
+        ) {
+            return Box::pin(std::future::ready(Err(s)));
+        }
         let this = self;
-        self.router
-            .route(
-                "xla/Barrier",
-                Kind::Write,
-                req,
-                |m, id| async move {
-                    let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                    let passed = async {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let source = this.task(m.source_task_id, "source_task_id")?;
-                        let tasks = this.tasks(&m.task_ids, "task_ids")?;
-                        this.coord
-                            .barrier(
-                                id,
-                                m.barrier_id,
-                                m.counter,
-                                tasks,
-                                m.barrier_timeout_in_ms,
-                                source,
-                            )
-                            .await
-                    };
-                    match passed.await {
-                        Ok(counter) => Ok(xla::BarrierResponse { counter }),
-                        Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                    }
-                },
-                |ch, r| async move { client(ch).barrier(r).await },
-            )
-            .await
+        Box::pin(self.router.route(
+            "xla/Barrier",
+            Kind::Write,
+            req,
+            move |m, id| async move {
+                let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
+                let passed = async {
+                    this.check_incarnation(m.incarnations.as_ref())?;
+                    let source = this.task(m.source_task_id, "source_task_id")?;
+                    let tasks = this.tasks(&m.task_ids, "task_ids")?;
+                    this.coord
+                        .barrier(
+                            id,
+                            m.barrier_id,
+                            m.counter,
+                            tasks,
+                            m.barrier_timeout_in_ms,
+                            source,
+                        )
+                        .await
+                };
+                match passed.await {
+                    Ok(counter) => Ok(xla::BarrierResponse { counter }),
+                    Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                }
+            },
+            |ch, r| async move { client(ch).barrier(r).await },
+        ))
     }
 
     async fn cancel_barrier(

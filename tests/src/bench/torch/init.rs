@@ -4,6 +4,7 @@
 //! sets the all-joined key, every rank WAITs for it and then GETs the master address (WAIT + GET,
 //! as torch's client does). The time from the first connect to the last rank done.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use crate::tcpstore_client::StoreClient;
@@ -12,11 +13,35 @@ use crate::tcpstore_client::StoreClient;
 /// client retries for its whole timeout, 300 s by default).
 const CONNECT_FOR: Duration = Duration::from_secs(60);
 
-async fn connect(addr: &str) -> Result<StoreClient, String> {
+/// Ranks connecting from one loopback address: under the 28,232 ephemeral ports Linux gives one
+/// source address toward one server address by default (`ip_local_port_range`).
+const RANKS_PER_SOURCE: usize = 20_000;
+
+/// The loopback address rank `rank` connects from: 127.0.0.1 for the first
+/// [`RANKS_PER_SOURCE`], 127.0.0.2 for the next, and so on.
+fn source(rank: usize) -> IpAddr {
+    let first = u32::from(Ipv4Addr::LOCALHOST);
+    IpAddr::V4(Ipv4Addr::from(first + (rank / RANKS_PER_SOURCE) as u32))
+}
+
+/// Takes the host's hard limit of open files: every simulated rank holds a connection of its own
+/// until all are done (100,000 ranks, 100,000 descriptors). Where it cannot, says so and carries
+/// on (a run past the limit then fails with "Too many open files").
+pub fn raise_open_files_limit() {
+    match coord_agent::open_files::raise_to_hard_limit() {
+        Ok(Some((from, to))) => {
+            eprintln!("coord-bench: open files limit raised from {from} to {to}")
+        }
+        Ok(None) => {}
+        Err(e) => eprintln!("coord-bench: cannot raise the open files limit: {e}"),
+    }
+}
+
+async fn connect(addr: &str, rank: usize) -> Result<StoreClient, String> {
     let deadline = Instant::now() + CONNECT_FOR;
     let mut backoff = Duration::from_millis(10);
     loop {
-        match StoreClient::connect(addr).await {
+        match StoreClient::connect_from(addr, source(rank)).await {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() > deadline => return Err(format!("connect {addr}: {e}")),
             Err(_) => {
@@ -43,7 +68,7 @@ async fn rank(
     tag: String,
     start: Instant,
 ) -> Result<(StoreClient, Steps), String> {
-    let mut c = connect(&addr).await?;
+    let mut c = connect(&addr, rank).await?;
     let mut steps = Steps {
         connected: start.elapsed(),
         ..Steps::default()

@@ -12,6 +12,10 @@
 //! - **Leader kill -9**: the longest call a real torch client (ADD back to back, one connection)
 //!   sees while the leader is killed; median over kills ([`runs`]).
 //!
+//! `--init-only` runs the init_process_group rows alone (for 100,000 ranks, say: [`init`] spreads
+//! them over loopback source addresses, and the shell must allow every process that many open
+//! files, `ulimit -Hn`).
+//!
 //! Every process runs on this machine (two cores here): the ensemble, coord-proxy, torch's store
 //! and the clients share them.
 
@@ -41,6 +45,17 @@ pub struct Args {
     /// How long one init_process_group round may take before it counts as not done.
     #[arg(long, default_value_t = 120)]
     pub init_timeout_secs: u64,
+    /// Only the init_process_group rows: no call latencies, torchrun runs or leader kills.
+    #[arg(long)]
+    pub init_only: bool,
+}
+
+/// What the rows other than init_process_group's measured (not with `--init-only`).
+struct Others {
+    /// torchrun 1 × 2's start to its first step, median: torch's store, coord.
+    first_step: (Duration, Duration),
+    /// Per leader kill, the longest call the torch client saw.
+    stalls: Vec<Duration>,
 }
 
 fn median(v: &[Duration]) -> Duration {
@@ -76,6 +91,7 @@ fn met(ok: bool) -> &'static str {
 
 /// Runs `coord-bench torch` and prints its tables.
 pub async fn run(args: Args) -> Result<(), String> {
+    init::raise_open_files_limit();
     let torch = Torch::get().map_err(|why| format!("coord-bench torch needs torch: {why}"))?;
     let own = runs::OwnStore::start(&torch)?;
     let mut cluster = Cluster::start(ClusterOptions {
@@ -93,46 +109,10 @@ pub async fn run(args: Args) -> Result<(), String> {
         "coord-bench torch: torch's store on {} (name lookups: {}), coord-proxy on {}",
         own.addr, own.lookups, sidecar.store
     );
-
-    // Calls, one at a time.
-    let mut lat = Vec::new();
-    for (name, addr) in targets {
-        eprintln!("  {} calls of each kind on {name}'s store", args.samples);
-        lat.push(calls::measure(addr, args.samples, &format!("calls-{name}")).await?);
-    }
-    println!("\n| store call, one connection, one at a time | torch p50 | coord p50 | coord / torch | torch p99 | coord p99 |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (i, call) in calls::CALLS.iter().enumerate() {
-        let (t, c) = (&lat[0][i], &lat[1][i]);
-        let p = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
-        println!(
-            "| {call} | {} | {} | {} | {} | {} |",
-            ms(p(t, 0.5)),
-            ms(p(c, 0.5)),
-            ratio(p(c, 0.5), p(t, 0.5)),
-            ms(p(t, 0.99)),
-            ms(p(c, 0.99)),
-        );
-    }
-
-    // torchrun's rendezvous to its first step.
-    let mut first = [Vec::new(), Vec::new()];
-    for round in 0..args.rounds {
-        for (i, (name, addr)) in targets.iter().enumerate() {
-            let took = runs::first_step(&torch, addr, &format!("first-{name}-{round}"))?;
-            eprintln!(
-                "  torchrun 1 × 2 on {name}'s store, round {round}: first step after {}",
-                secs(took)
-            );
-            first[i].push(took);
-        }
-    }
-    let (first_t, first_c) = (median(&first[0]), median(&first[1]));
-
-    // Leader kills under a torch client.
-    let stalls = runs::stalls(&torch, &mut cluster, &sidecar.store, args.kills).await?;
-    let stall = median(&stalls);
-    let worst = stalls.iter().max().copied().unwrap_or_default();
+    let others = match args.init_only {
+        true => None,
+        false => Some(others(&args, &torch, &mut cluster, &sidecar, &targets).await?),
+    };
 
     // Last: init_process_group's store traffic, a burst of thousands of connections.
     let mut init_rows = Vec::new();
@@ -160,9 +140,13 @@ pub async fn run(args: Args) -> Result<(), String> {
         init_rows.push((n, median(&times[0]), median(&times[1]), limit));
     }
 
+    let kills = match &others {
+        Some(_) => format!("; kills: median of {}", args.kills),
+        None => String::new(),
+    };
     println!(
-        "\n| torch on its store (median of {} rounds; kills: median of {}) | torch's store | coord | coord / torch | target | met |",
-        args.rounds, args.kills
+        "\n| torch on its store (median of {} rounds{kills}) | torch's store | coord | coord / torch | target | met |",
+        args.rounds
     );
     println!("|---|---:|---:|---:|---:|---:|");
     for (n, t, c, limit) in &init_rows {
@@ -187,20 +171,76 @@ pub async fn run(args: Args) -> Result<(), String> {
             shown(c),
         );
     }
-    println!(
-        "| torchrun 1 × 2, c10d: start to first step | {} | {} | {} | ≤ 1.2× | {} |",
-        secs(first_t),
-        secs(first_c),
-        ratio(first_c, first_t),
-        met(first_c.as_secs_f64() <= 1.2 * first_t.as_secs_f64())
-    );
-    println!(
-        "| leader kill -9: longest call of a torch client (worst of {}: {}) | dies with its host | {} | | ≤ 1 s | {} |",
-        stalls.len(),
-        secs(worst),
-        secs(stall),
-        met(stall <= Duration::from_secs(1))
-    );
+    if let Some(Others { first_step, stalls }) = &others {
+        let (first_t, first_c) = *first_step;
+        let stall = median(stalls);
+        let worst = stalls.iter().max().copied().unwrap_or_default();
+        println!(
+            "| torchrun 1 × 2, c10d: start to first step | {} | {} | {} | ≤ 1.2× | {} |",
+            secs(first_t),
+            secs(first_c),
+            ratio(first_c, first_t),
+            met(first_c.as_secs_f64() <= 1.2 * first_t.as_secs_f64())
+        );
+        println!(
+            "| leader kill -9: longest call of a torch client (worst of {}: {}) | dies with its host | {} | | ≤ 1 s | {} |",
+            stalls.len(),
+            secs(worst),
+            secs(stall),
+            met(stall <= Duration::from_secs(1))
+        );
+    }
     println!("\ntorch's store's name lookups: {}.", own.lookups);
     Ok(())
+}
+
+/// The rows before init_process_group's: the call latencies (their table printed here), torchrun's
+/// rendezvous to its first step, and the leader kills under a torch client.
+async fn others(
+    args: &Args,
+    torch: &Torch,
+    cluster: &mut Cluster,
+    sidecar: &StoreSidecar,
+    targets: &[(&str, &str); 2],
+) -> Result<Others, String> {
+    // Calls, one at a time.
+    let mut lat = Vec::new();
+    for (name, addr) in targets {
+        eprintln!("  {} calls of each kind on {name}'s store", args.samples);
+        lat.push(calls::measure(addr, args.samples, &format!("calls-{name}")).await?);
+    }
+    println!("\n| store call, one connection, one at a time | torch p50 | coord p50 | coord / torch | torch p99 | coord p99 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (i, call) in calls::CALLS.iter().enumerate() {
+        let (t, c) = (&lat[0][i], &lat[1][i]);
+        let p = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+        println!(
+            "| {call} | {} | {} | {} | {} | {} |",
+            ms(p(t, 0.5)),
+            ms(p(c, 0.5)),
+            ratio(p(c, 0.5), p(t, 0.5)),
+            ms(p(t, 0.99)),
+            ms(p(c, 0.99)),
+        );
+    }
+
+    // torchrun's rendezvous to its first step.
+    let mut first = [Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        for (i, (name, addr)) in targets.iter().enumerate() {
+            let took = runs::first_step(torch, addr, &format!("first-{name}-{round}"))?;
+            eprintln!(
+                "  torchrun 1 × 2 on {name}'s store, round {round}: first step after {}",
+                secs(took)
+            );
+            first[i].push(took);
+        }
+    }
+
+    // Leader kills under a torch client.
+    let stalls = runs::stalls(torch, cluster, &sidecar.store, args.kills).await?;
+    Ok(Others {
+        first_step: (median(&first[0]), median(&first[1])),
+        stalls,
+    })
 }
