@@ -4,9 +4,10 @@
 //! answer into a buffer of its own and holds it until the client has read it, so N answers of N
 //! devices are N² bytes of memory at once (10,000 tasks with one 170-byte device each: 22 GB). A
 //! handler instead attaches the answer, encoded once for the whole job, as a [`SharedAnswer`]
-//! extension of its response; [`RewriteLayer`](crate::api::rewrite::RewriteLayer) then sends those bytes as the body by reference, one
-//! buffer for every caller, and gzip-compressed (also once) to a caller that accepts gzip, as
-//! TensorFlow's and jaxlib's gRPC clients do. Every other response passes untouched.
+//! extension of its response; [`RewriteLayer`](crate::api::rewrite::RewriteLayer) then sends
+//! those bytes as the body by reference, one buffer for every caller, and gzip-compressed (also
+//! once) to a caller that accepts gzip, as TensorFlow's and jaxlib's gRPC clients do. Every other
+//! response passes untouched.
 
 use std::collections::VecDeque;
 use std::io::Write;

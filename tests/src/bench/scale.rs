@@ -31,21 +31,30 @@ pub struct Args {
     pub arrivals_per_second: usize,
 }
 
+/// How the simulated tasks of a job are carried and what they send: the flags `scale` and
+/// `wait-for-all` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct JobShape {
+    /// Tasks per connection, as a sidecar carrying a host's tasks would multiplex them.
+    #[arg(long, default_value_t = 100)]
+    pub tasks_per_connection: usize,
+    /// Bytes of each task's one TensorFlow device (a CPU device's `DeviceAttributes` is about
+    /// 170; 0 = no devices).
+    #[arg(long, default_value_t = 170)]
+    pub device_bytes: usize,
+    /// The tasks do not offer gzip (TensorFlow's and jaxlib's gRPC clients do).
+    #[arg(long)]
+    pub no_gzip: bool,
+}
+
 /// What `coord-bench scale` runs: several sizes, TensorFlow's heartbeat interval.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ScaleArgs {
     /// Job sizes, in tasks, each on a fresh ensemble.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000, 30_000, 100_000])]
     pub sizes: Vec<usize>,
-    /// Tasks per connection, as a sidecar carrying a host's tasks would multiplex them.
-    #[arg(long, default_value_t = 100)]
-    pub tasks_per_connection: usize,
-    /// Bytes of each task's one TensorFlow device (0 = no devices).
-    #[arg(long, default_value_t = 170)]
-    pub device_bytes: usize,
-    /// The tasks do not accept gzip answers.
-    #[arg(long)]
-    pub no_gzip: bool,
+    #[command(flatten)]
+    pub job: JobShape,
     /// Each task heartbeats this often, in ms: TensorFlow's agents send one every 5 s (half
     /// their 10 s timeout, which the ensemble is given too).
     #[arg(long, default_value_t = 5_000)]
@@ -82,14 +91,14 @@ pub async fn tasks(args: Args) -> Result<(), String> {
 
 /// Runs `coord-bench scale`; a size that fails is reported and the next one still runs.
 pub async fn scale(args: ScaleArgs) -> Result<(), String> {
-    ACCEPT_GZIP.store(!args.no_gzip, Ordering::Relaxed);
+    ACCEPT_GZIP.store(!args.job.no_gzip, Ordering::Relaxed);
     let mut done = Vec::new();
     let mut failed = Vec::new();
     for &tasks in &args.sizes {
         let load = Load {
             tasks,
-            connections: tasks.div_ceil(args.tasks_per_connection.max(1)),
-            device_bytes: args.device_bytes,
+            connections: tasks.div_ceil(args.job.tasks_per_connection.max(1)),
+            device_bytes: args.job.device_bytes,
             heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(1)),
             cpu_window: Duration::from_secs(15),
             arrivals_per_second: args.arrivals_per_second,
@@ -102,7 +111,7 @@ pub async fn scale(args: ScaleArgs) -> Result<(), String> {
             }
         }
     }
-    print(&done, args.no_gzip);
+    print(&done, args.job.no_gzip);
     if failed.is_empty() {
         Ok(())
     } else {

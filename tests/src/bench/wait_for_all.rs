@@ -31,16 +31,8 @@ pub struct Args {
     /// Job sizes, in tasks (task 0, the TensorFlow process, among them).
     #[arg(long, value_delimiter = ',', default_values_t = [2_000, 10_000])]
     pub sizes: Vec<usize>,
-    /// Tasks per connection of the load generator.
-    #[arg(long, default_value_t = 100)]
-    pub tasks_per_connection: usize,
-    /// Bytes of each simulated task's one TensorFlow device (a CPU device's `DeviceAttributes` is
-    /// about 170).
-    #[arg(long, default_value_t = 170)]
-    pub device_bytes: usize,
-    /// The simulated tasks do not offer gzip (TensorFlow's gRPC client does).
-    #[arg(long)]
-    pub no_gzip: bool,
+    #[command(flatten)]
+    pub job: super::scale::JobShape,
 }
 
 /// Heartbeat timeout on both services: nothing heartbeats but task 0's agent.
@@ -66,21 +58,21 @@ struct Phase {
 }
 
 pub async fn run(args: Args) -> Result<(), String> {
-    ACCEPT_GZIP.store(!args.no_gzip, std::sync::atomic::Ordering::Relaxed);
+    ACCEPT_GZIP.store(!args.job.no_gzip, std::sync::atomic::Ordering::Relaxed);
     let tf = Tf::get().map_err(|e| format!("TensorFlow's service cannot run here: {e}"))?;
     let mut rows = Vec::new();
     for &n in &args.sizes {
         if n < 2 {
             return Err(format!("a job of {n} tasks has no simulated task"));
         }
-        let connections = (n - 1).div_ceil(args.tasks_per_connection.max(1));
+        let connections = (n - 1).div_ceil(args.job.tasks_per_connection.max(1));
         eprintln!("coord-bench wait-for-all: {n} tasks, TensorFlow's own service");
-        let theirs = tensorflows(&tf, n, connections, args.device_bytes).await?;
+        let theirs = tensorflows(&tf, n, connections, args.job.device_bytes).await?;
         eprintln!("coord-bench wait-for-all: {n} tasks, coord");
-        let ours = coords(&tf, n, connections, args.device_bytes).await?;
+        let ours = coords(&tf, n, connections, args.job.device_bytes).await?;
         rows.push((n, connections, theirs, ours));
     }
-    print(&rows, args.device_bytes, args.no_gzip);
+    print(&rows, args.job.device_bytes, args.job.no_gzip);
     Ok(())
 }
 
