@@ -21,6 +21,7 @@ use crate::state::alive::AliveAnswer;
 use crate::state::barriers::Outcome;
 use crate::state::cluster::{ClusterConfig, TaskName};
 use crate::state::namespace_limits::NamespaceLimits;
+use crate::state::task_set::TaskSet;
 use crate::state::tasks::DeviceInfo;
 
 // The outcome vocabulary lives in the leaf `error` module; these paths stay for callers.
@@ -203,6 +204,19 @@ pub enum Op {
         namespace: String,
         idle_since_ms: u64,
     },
+    /// `RegisterAtBarrier` with its participants as runs (see `state::task_set`): what the
+    /// server proposes, so a job of N tasks registers in N entries of a few bytes, not N names
+    /// each. Appended last.
+    RegisterAtBarrierOf {
+        task: TaskName,
+        incarnation: u64,
+        participants: TaskSet,
+    },
+    /// `GetAliveTasks` with its set as runs, likewise. Appended last.
+    GetAliveTasksOf {
+        source: TaskName,
+        tasks: TaskSet,
+    },
 }
 
 impl fmt::Display for Op {
@@ -263,6 +277,12 @@ impl fmt::Display for Op {
             ),
             Op::DeleteNamespace { namespace } => write!(f, "delete_namespace({namespace:?})"),
             Op::ExpireNamespace { namespace, .. } => write!(f, "expire_namespace({namespace:?})"),
+            Op::RegisterAtBarrierOf {
+                task, incarnation, ..
+            } => write!(f, "register_at_barrier({task}, {incarnation:#x})"),
+            Op::GetAliveTasksOf { source, tasks } => {
+                write!(f, "get_alive_tasks({source}, {} tasks)", tasks.len())
+            }
         }
     }
 }

@@ -5,19 +5,27 @@
 //! others wait no longer holds them up (the answer is re-checked whenever a task's state
 //! changes). Every completed round of a set gets a generation number, and the last few answers are
 //! kept, so a call re-driven on a new leader finds the answer of the round it joined.
+//!
+//! jaxlib asks about every task of the job, so a round's set is N tasks and N tasks ask: each ask
+//! costs the time of the set's runs (a [`TaskSet`]) and a count, not a walk of the set; the set is
+//! walked when the round opens, when it completes and when a task's state changes. The answer is
+//! shared by every asker (one `Arc`), not copied for each.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::cluster::TaskName;
+use super::task_set::TaskSet;
 use super::tasks::{TaskRegistry, TaskState};
 
 /// Answers kept per set, for callers re-driven after a leader change.
 const KEPT_ANSWERS: usize = 4;
 
-/// The live tasks of a set and the incarnation each registered with, in task order.
-pub type AliveAnswer = Vec<(TaskName, u64)>;
+/// The live tasks of a set and the incarnation each registered with, in task order; one answer
+/// for every asker of a round.
+pub type AliveAnswer = Arc<Vec<(TaskName, u64)>>;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 struct Round {
@@ -26,25 +34,55 @@ struct Round {
     asked: BTreeSet<TaskName>,
     /// Finished rounds: (generation, answer), newest last.
     answers: VecDeque<(u64, AliveAnswer)>,
+    /// Connected tasks of the set that have not asked (known once counted).
+    #[serde(skip)]
+    waiting_for: Uncounted,
 }
+
+/// A count kept beside the records, never encoded (a decoded round counts again) and equal to
+/// any other: it is not part of the state.
+#[derive(Clone, Copy, Debug, Default)]
+struct Uncounted(Option<usize>);
+
+impl PartialEq for Uncounted {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Uncounted {}
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct AliveQueries {
-    /// By the (sorted, deduplicated) set of tasks asked about.
-    by_set: BTreeMap<Vec<TaskName>, Round>,
+    /// By the set of tasks asked about, encoded as each set's list of tasks (as every format
+    /// before sets were runs encoded it).
+    #[serde(serialize_with = "sets_as_lists", deserialize_with = "sets_from_lists")]
+    by_set: BTreeMap<TaskSet, Round>,
+}
+
+fn sets_as_lists<S: Serializer>(
+    by_set: &BTreeMap<TaskSet, Round>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(
+        by_set
+            .iter()
+            .map(|(set, r)| (set.iter().collect::<Vec<_>>(), r)),
+    )
+}
+
+fn sets_from_lists<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<TaskSet, Round>, D::Error> {
+    let lists = BTreeMap::<Vec<TaskName>, Round>::deserialize(d)?;
+    Ok(lists
+        .into_iter()
+        .map(|(list, r)| (TaskSet::of_tasks(&list), r))
+        .collect())
 }
 
 /// The name under which callers of `set` park (with the generation as counter): barrier waiters
 /// are reused, so it must not collide with a caller's barrier id.
-pub fn wait_key(set: &[TaskName]) -> String {
-    let names: Vec<String> = set.iter().map(|t| t.to_string()).collect();
-    format!("coord-internal:alive:{}", names.join(","))
-}
-
-/// `tasks` as the key of its set.
-pub fn set_key(tasks: &[TaskName]) -> Vec<TaskName> {
-    let s: BTreeSet<TaskName> = tasks.iter().cloned().collect();
-    s.into_iter().collect()
+pub fn wait_key(set: &TaskSet) -> String {
+    format!("coord-internal:alive:{set}")
 }
 
 impl AliveQueries {
@@ -52,26 +90,35 @@ impl AliveQueries {
     /// it, the answer.
     pub(crate) fn ask(
         &mut self,
-        set: Vec<TaskName>,
+        set: &TaskSet,
         source: &TaskName,
         tasks: &TaskRegistry,
     ) -> (u64, Option<AliveAnswer>) {
-        let round = self.by_set.entry(set.clone()).or_default();
-        round.asked.insert(source.clone());
+        let round = match self.by_set.get_mut(set) {
+            Some(r) => r,
+            None => self.by_set.entry(set.clone()).or_default(),
+        };
+        let newly = round.asked.insert(source.clone());
         let generation = round.generation;
-        let answer = Self::complete(&set, round, tasks);
+        match &mut round.waiting_for.0 {
+            Some(n) if newly && is_connected(tasks, source) => *n = n.saturating_sub(1),
+            Some(_) => {}
+            None => round.waiting_for.0 = Some(Self::count_waiting(set, round, tasks)),
+        }
+        let answer = Self::complete(set, round, tasks);
         (generation, answer)
     }
 
     /// Re-checks every open round after a task changed state; returns the (set, generation) of
     /// each round that completed.
-    pub(crate) fn recheck(&mut self, tasks: &TaskRegistry) -> Vec<(Vec<TaskName>, u64)> {
+    pub(crate) fn recheck(&mut self, tasks: &TaskRegistry) -> Vec<(TaskSet, u64)> {
         let mut done = Vec::new();
         for (set, round) in self.by_set.iter_mut() {
             if round.asked.is_empty() {
                 continue;
             }
             let generation = round.generation;
+            round.waiting_for.0 = Some(Self::count_waiting(set, round, tasks));
             if Self::complete(set, round, tasks).is_some() {
                 done.push((set.clone(), generation));
             }
@@ -80,7 +127,7 @@ impl AliveQueries {
     }
 
     /// The answer of round `generation` of `set`, once it finished (and while it is kept).
-    pub fn answer(&self, set: &[TaskName], generation: u64) -> Option<&AliveAnswer> {
+    pub fn answer(&self, set: &TaskSet, generation: u64) -> Option<&AliveAnswer> {
         self.by_set
             .get(set)?
             .answers
@@ -90,31 +137,46 @@ impl AliveQueries {
     }
 
     /// The rounds still waiting for askers: (set, who asked).
-    pub fn open(&self) -> impl Iterator<Item = (&Vec<TaskName>, &BTreeSet<TaskName>)> {
+    pub fn open(&self) -> impl Iterator<Item = (&TaskSet, &BTreeSet<TaskName>)> {
         self.by_set
             .iter()
             .filter(|(_, r)| !r.asked.is_empty())
             .map(|(s, r)| (s, &r.asked))
     }
 
+    /// Connected tasks of `set` that have not asked in `round`: a walk of the set.
+    fn count_waiting(set: &TaskSet, round: &Round, tasks: &TaskRegistry) -> usize {
+        set.iter()
+            .filter(|t| is_connected(tasks, t) && !round.asked.contains(t))
+            .count()
+    }
+
     /// Finishes the round if every connected task of the set has asked.
-    fn complete(set: &[TaskName], round: &mut Round, tasks: &TaskRegistry) -> Option<AliveAnswer> {
-        let alive: AliveAnswer = set
-            .iter()
-            .filter_map(|t| {
-                let rec = tasks.get(t)?;
-                (rec.state == TaskState::Connected).then(|| (t.clone(), rec.incarnation))
-            })
-            .collect();
-        if !alive.iter().all(|(t, _)| round.asked.contains(t)) {
+    fn complete(set: &TaskSet, round: &mut Round, tasks: &TaskRegistry) -> Option<AliveAnswer> {
+        if round.waiting_for.0 != Some(0) {
             return None;
         }
+        let alive: AliveAnswer = Arc::new(
+            set.iter()
+                .filter_map(|t| {
+                    let rec = tasks.get(&t)?;
+                    (rec.state == TaskState::Connected).then_some((t, rec.incarnation))
+                })
+                .collect(),
+        );
         round.answers.push_back((round.generation, alive.clone()));
         while round.answers.len() > KEPT_ANSWERS {
             round.answers.pop_front();
         }
         round.generation += 1;
         round.asked.clear();
+        round.waiting_for.0 = None;
         Some(alive)
     }
+}
+
+fn is_connected(tasks: &TaskRegistry, t: &TaskName) -> bool {
+    tasks
+        .get(t)
+        .is_some_and(|r| r.state == TaskState::Connected)
 }

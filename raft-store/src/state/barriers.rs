@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{list_tasks, ClusterConfig, TaskName};
+use super::task_set::TaskSet;
 use crate::error::Code;
 
 /// Outcomes of this many finished instances are kept per id, for late callers.
@@ -21,6 +22,9 @@ pub enum Participants {
     /// Every task of the cluster.
     All,
     Only(BTreeSet<TaskName>),
+    /// The tasks of a set named as runs (XLA's register barrier of one job of several). Appended
+    /// last: records are encoded by variant index.
+    Set(TaskSet),
 }
 
 impl Participants {
@@ -32,10 +36,20 @@ impl Participants {
         }
     }
 
+    /// `set`, a set of tasks of `config`: every task as `All`.
+    pub fn from_set(set: &TaskSet, config: &ClusterConfig) -> Self {
+        if set.len() == config.task_count() {
+            Participants::All
+        } else {
+            Participants::Set(set.clone())
+        }
+    }
+
     pub fn contains(&self, t: &TaskName, config: &ClusterConfig) -> bool {
         match self {
             Participants::All => config.contains(t),
             Participants::Only(s) => s.contains(t),
+            Participants::Set(s) => s.contains(t),
         }
     }
 
@@ -43,6 +57,7 @@ impl Participants {
         match self {
             Participants::All => config.task_count(),
             Participants::Only(s) => s.len(),
+            Participants::Set(s) => s.len(),
         }
     }
 
@@ -55,6 +70,15 @@ impl Participants {
             | (Participants::Only(s), Participants::All) => {
                 s.len() == config.task_count() && s.iter().all(|t| config.contains(t))
             }
+            (Participants::Set(a), Participants::Set(b)) => a == b,
+            (Participants::All, Participants::Set(s))
+            | (Participants::Set(s), Participants::All) => {
+                s.len() == config.task_count() && s.first_unknown(config).is_none()
+            }
+            (Participants::Only(o), Participants::Set(s))
+            | (Participants::Set(s), Participants::Only(o)) => {
+                o.len() == s.len() && o.iter().all(|t| s.contains(t))
+            }
         }
     }
 
@@ -65,6 +89,7 @@ impl Participants {
         match self {
             Participants::All => Box::new(config.all_tasks()),
             Participants::Only(s) => Box::new(s.iter().cloned()),
+            Participants::Set(s) => Box::new(s.iter()),
         }
     }
 }

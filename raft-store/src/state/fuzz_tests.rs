@@ -1,6 +1,8 @@
 //! Random commands over small id spaces (so they hit existing and missing tasks, keys and barriers
 //! alike), through the whole coordination state machine: apply never panics, and a refused command
-//! leaves the state exactly as it was.
+//! leaves the state exactly as it was. One refusal is an outcome of its own, as in TensorFlow's
+//! service: a task of a job that is not recoverable registering again with a new incarnation is
+//! refused ABORTED *and* put in ERROR (it restarted; its job must learn of it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +15,7 @@ use crate::command::{Command, Proposal};
 fn fuzz_commands_never_panic_and_refusals_change_nothing() {
     let mut next = coord_proto::fuzz::xorshift(0x0C00_7D5E_ED00);
     let mut s = CoordState::default();
-    let (mut applied, mut refused) = (0u32, 0u32);
+    let (mut applied, mut refused, mut restarted) = (0u32, 0u32, 0u32);
     let codes = [
         Code::Unavailable,
         Code::Internal,
@@ -31,7 +33,7 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
         let key = ["a", "a/b", "a/b/c", "n", "7"][(next() % 5) as usize].to_string();
         let id = format!("b{}", next() % 3);
         let counter = (next() % 4) as i64 - 1;
-        let op = match next() % 17 {
+        let op = match next() % 18 {
             0 => Op::InitCluster {
                 config: ClusterConfig {
                     jobs: BTreeMap::from([
@@ -92,10 +94,26 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
                 source: task,
             },
             15 => Op::ExpireBarrier { id, counter },
+            16 if next().is_multiple_of(2) => Op::GetAliveTasksOf {
+                source: task,
+                tasks: TaskSet::of_tasks(&tasks),
+            },
+            16 => Op::RegisterAtBarrierOf {
+                task,
+                incarnation: next() % 3,
+                participants: TaskSet::of_tasks(&tasks),
+            },
             _ => Op::GetAliveTasks {
                 source: task,
                 tasks,
             },
+        };
+        let registering = match &op {
+            Op::RegisterTask { task, .. }
+            | Op::RegisterRecoverableTask { task, .. }
+            | Op::RegisterAtBarrierOf { task, .. }
+            | Op::RegisterAtBarrier { task, .. } => Some(task.clone()),
+            _ => None,
         };
         let before = s.clone();
         let mut changes = Vec::new();
@@ -105,6 +123,22 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
         );
         match out.as_slice() {
             [Ok(_)] => applied += 1,
+            [Err(OpError::Status {
+                code: Code::Aborted,
+                message,
+            })] if message.ends_with("it restarted, and its job is not recoverable") => {
+                let task = registering.expect("only a registration restarts a task");
+                let was = before.cluster.as_ref().and_then(|c| c.tasks.get(&task));
+                assert_eq!(was.map(|r| r.state), Some(TaskState::Connected));
+                let record = s.cluster.as_ref().and_then(|c| c.tasks.get(&task));
+                assert_eq!(
+                    record.map(|r| r.state),
+                    Some(TaskState::Error),
+                    "step {step}: a restarted task is put in error"
+                );
+                assert!(changes.contains(&Change::TaskChanged { task }));
+                restarted += 1;
+            }
             [Err(_)] => {
                 refused += 1;
                 // Every proposal sweeps expired client sessions, whatever its commands do (these
@@ -124,7 +158,8 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
         }
     }
     assert!(
-        applied > 2_000 && refused > 2_000,
-        "applied {applied}, refused {refused}: the fuzz did not reach both paths"
+        applied > 2_000 && refused > 2_000 && restarted > 0,
+        "applied {applied}, refused {refused}, restarted {restarted}: the fuzz did not reach \
+         every path"
     );
 }

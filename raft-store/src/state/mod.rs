@@ -7,6 +7,7 @@
 //! Its modules, bottom up (each uses only those before it, and `crate::error`):
 //!
 //! - `cluster`: task names and the cluster configuration.
+//! - `task_set`: sets of tasks as runs of task numbers.
 //! - `tasks`: the task registry and the error feed.
 //! - `barriers`: barrier instances and their outcomes.
 //! - `alive`: XLA's GetAliveTasks rounds.
@@ -42,11 +43,12 @@ mod quota;
 mod runs;
 mod sessions;
 mod space;
+pub(crate) mod task_set;
 pub(crate) mod tasks;
 
 use serde::{Deserialize, Serialize};
 
-pub use alive::{set_key as alive_set_key, wait_key as alive_wait_key, AliveAnswer, AliveQueries};
+pub use alive::{wait_key as alive_wait_key, AliveAnswer, AliveQueries};
 pub use barriers::{BarrierRecord, Barriers, Outcome, Participants};
 pub use change::Change;
 pub use cluster::{list_tasks, ClusterConfig, TaskName};
@@ -61,6 +63,7 @@ pub use quota::Quota;
 pub use runs::JobRuns;
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
 pub use space::Space;
+pub use task_set::TaskSet;
 pub use tasks::{
     DeviceInfo, ErrorEvent, ErrorFeed, TaskError, TaskRecord, TaskRegistry, TaskState,
 };

@@ -15,6 +15,7 @@ use super::kv::KvStore;
 use super::quota::Quota;
 use super::runs::JobRuns;
 use super::sessions::SessionTable;
+use super::task_set::{Participating, TaskSet};
 use crate::command::{CommandResult, Op, Output};
 use crate::dispatcher::{DispatcherOp, DispatcherState};
 use crate::error::{Code, OpError, RequestId};
@@ -281,9 +282,24 @@ impl Space {
                 message: format!("{op} is an op of the ensemble, not of one namespace"),
             }),
             op => {
+                let at_barrier = match op {
+                    Op::RegisterAtBarrier {
+                        task, participants, ..
+                    } => Some((task, Participating::Listed(participants))),
+                    Op::RegisterAtBarrierOf {
+                        task, participants, ..
+                    } => Some((task, Participating::Runs(participants))),
+                    _ => None,
+                };
+                if let (Some((task, participants)), Some(c)) = (at_barrier, self.cluster.as_ref()) {
+                    c.check_register_barrier(task, &participants)?;
+                }
                 if let Op::RegisterTask { task, incarnation }
                 | Op::RegisterRecoverableTask { task, incarnation }
                 | Op::RegisterAtBarrier {
+                    task, incarnation, ..
+                }
+                | Op::RegisterAtBarrierOf {
                     task, incarnation, ..
                 } = op
                 {
@@ -345,8 +361,28 @@ fn apply_coordination(
             task,
             incarnation,
             participants,
-        } => c.register_at_barrier(task, *incarnation, participants, now_ms, changes),
-        Op::GetAliveTasks { source, tasks } => c.get_alive_tasks(source, tasks, changes),
+        } => c.register_at_barrier(
+            task,
+            *incarnation,
+            &Participating::Listed(participants),
+            now_ms,
+            changes,
+        ),
+        Op::RegisterAtBarrierOf {
+            task,
+            incarnation,
+            participants,
+        } => c.register_at_barrier(
+            task,
+            *incarnation,
+            &Participating::Runs(participants),
+            now_ms,
+            changes,
+        ),
+        Op::GetAliveTasks { source, tasks } => {
+            c.get_alive_tasks(source, &TaskSet::of_tasks(tasks), changes)
+        }
+        Op::GetAliveTasksOf { source, tasks } => c.get_alive_tasks(source, tasks, changes),
         Op::ReportError {
             task,
             code,

@@ -91,6 +91,43 @@ impl AnswerBytes {
     }
 }
 
+/// The encodings of the last few answers that are one value of the state shared by every caller
+/// (an `Arc`), known by that pointer: each kept answer holds its `Arc`, so a compared pointer is
+/// never one reused for another answer.
+pub struct Encodings<T> {
+    kept: std::sync::Mutex<VecDeque<(Arc<T>, Arc<AnswerBytes>)>>,
+}
+
+/// Answers [`Encodings`] keeps: the few a job waits for at about the same time.
+const ENCODINGS_KEPT: usize = 4;
+
+impl<T> Default for Encodings<T> {
+    fn default() -> Self {
+        Self {
+            kept: Default::default(),
+        }
+    }
+}
+
+impl<T> Encodings<T> {
+    /// `answer`'s encoding: made with `encode` by its first caller, shared by the others.
+    pub fn of(&self, answer: &Arc<T>, encode: impl FnOnce(&T) -> AnswerBytes) -> Arc<AnswerBytes> {
+        let mut kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, bytes)) = kept.iter().find(|(a, _)| Arc::ptr_eq(a, answer)) {
+            return bytes.clone();
+        }
+        let bytes = Arc::new(encode(answer));
+        if kept.len() >= ENCODINGS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((answer.clone(), bytes.clone()));
+        bytes
+    }
+}
+
 /// The extension a handler attaches: send this instead of the response's own message.
 #[derive(Clone, Debug)]
 pub struct SharedAnswer(pub Arc<AnswerBytes>);

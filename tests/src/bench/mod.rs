@@ -7,7 +7,8 @@
 //! restarts against kill -9), [`tfdata`] (TensorFlow's own
 //! workers and reader on coord's and TF's dispatchers), [`torch`] (torch's TCPStore through
 //! coord-proxy against torch's own store), [`namespaces`] (many jobs and a noisy one on one
-//! ensemble); [`failover_report`] prints a leader-kill
+//! ensemble), [`xla_scale`] (a large JAX job on jaxlib's own wire: registration, heartbeats,
+//! GetAliveTasks, and the Raft log each writes, read by [`raft_log`]); [`failover_report`] prints a leader-kill
 //! measurement for `kv` and `failover` alike.
 
 pub mod agent_failover;
@@ -22,6 +23,7 @@ pub mod failover_report;
 pub mod kv;
 pub mod load;
 pub mod namespaces;
+pub mod raft_log;
 pub mod rendezvous;
 pub mod rolling;
 pub mod scale;
@@ -29,6 +31,7 @@ pub mod tasks;
 pub mod tfdata;
 pub mod torch;
 pub mod wait_for_all;
+pub mod xla_scale;
 
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;

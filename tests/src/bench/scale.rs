@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::tasks::{run, Load, TasksReport, ACCEPT_GZIP};
+use super::tasks::{parked_calls, run, Load, TasksReport, ACCEPT_GZIP};
 
 /// What `coord-bench tasks` runs: one size.
 #[derive(clap::Args, Clone, Debug)]
@@ -143,18 +143,7 @@ async fn measure(load: &Load) -> Result<Measured, String> {
         .iter()
         .map(|&id| cluster.replica(id).http)
         .collect();
-    let parked = move || {
-        https
-            .iter()
-            .filter_map(|&http| crate::http::get(http, "/metrics").ok())
-            .filter_map(|(_, m)| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("coord_parked_calls "))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            })
-            .map(|v| v as u64)
-            .sum::<u64>()
-    };
+    let parked = move || https.iter().map(|&http| parked_calls(http)).sum::<u64>();
     eprintln!(
         "coord-bench: {} tasks over {} connections, heartbeat every {:?}, leader is replica {leader} (pid {pid})",
         load.tasks, load.connections, load.heartbeat_every

@@ -144,7 +144,7 @@ async fn paced<T>(
 
 /// Waits until `parked()` reaches `count` with the calls in `calls` still running; a call that
 /// returns first fails the run.
-async fn parked_until<T: std::fmt::Debug>(
+pub(super) async fn parked_until<T: std::fmt::Debug>(
     calls: Vec<Spawned<T>>,
     parked: impl Fn() -> u64,
     count: u64,
@@ -280,6 +280,18 @@ pub(super) async fn call_size<M: prost::Message>(
         }
     }
     Ok(tonic::Response::new(bytes))
+}
+
+/// Calls the replica serving metrics at `http` holds parked (0 if it does not answer).
+pub fn parked_calls(http: std::net::SocketAddr) -> u64 {
+    crate::http::get(http, "/metrics")
+        .ok()
+        .and_then(|(_, m)| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("coord_parked_calls "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .map_or(0, |v| v as u64)
 }
 
 /// The simulated job.

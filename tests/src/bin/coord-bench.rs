@@ -9,7 +9,7 @@
 //!
 //! This binary is only the command line: each subcommand runs a module of `coord_tests::bench`
 //! (`kv`, `agent_failover`, `tasks`, `chaos`, `crash`, `dispatcher`, `rendezvous`, `rolling`,
-//! `tfdata`, `torch`, `namespaces`).
+//! `tfdata`, `torch`, `namespaces`, `xla_scale`).
 
 /// The clients of both systems allocate a lot per call; glibc's malloc took a fifth of the
 /// benchmark process's CPU, which the servers on this shared machine then lacked.
@@ -19,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
 use coord_tests::bench::{
     agent_failover, chaos, crash, dispatcher, kv, namespaces, rendezvous, rolling, scale, tfdata,
-    torch, wait_for_all,
+    torch, wait_for_all, xla_scale,
 };
 
 #[derive(Parser)]
@@ -50,6 +50,9 @@ enum Cmd {
     /// A whole job's WaitForAllTasks (2,000 and 10,000 tasks) on coord against TensorFlow's own
     /// coordination service, hosted by a TensorFlow process.
     WaitForAll(wait_for_all::Args),
+    /// A large JAX job on jaxlib's XLA wire (2,000 and 10,000 tasks): the register-barrier storm,
+    /// heartbeat CPU, a whole-job GetAliveTasks, and the Raft log each phase writes.
+    XlaScale(xla_scale::Args),
     /// Seeded fault-injection runs (crashes, pauses, partitions) checked for linearizability,
     /// barrier safety, lost writes and the task incarnation rules.
     Chaos(chaos::Args),
@@ -129,6 +132,12 @@ async fn main() {
         }
         Cmd::WaitForAll(args) => {
             if let Err(e) = wait_for_all::run(args).await {
+                eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::XlaScale(args) => {
+            if let Err(e) = xla_scale::run(args).await {
                 eprintln!("coord-bench: {e}");
                 std::process::exit(1);
             }

@@ -6,11 +6,12 @@
 
 use super::{status, Cluster, REGISTER_BARRIER};
 use crate::command::{CommandResult, Output};
-use crate::error::Code;
+use crate::error::{Code, OpError};
 use crate::state::alive;
 use crate::state::barriers::Participants;
 use crate::state::change::Change;
 use crate::state::cluster::TaskName;
+use crate::state::task_set::{Participating, TaskSet};
 
 impl Cluster {
     /// After a command changed some task: a new WatchTasks version, and GetAliveTasks rounds
@@ -25,34 +26,58 @@ impl Cluster {
         }
     }
 
-    /// XLA's registration: register, then wait at the register barrier of `participants`.
-    pub(crate) fn register_at_barrier(
-        &mut self,
+    /// Refuses a registration at a register barrier of tasks outside the cluster, or one the task
+    /// is not among: checked before anything of the registration is applied (a new run of the
+    /// job begins with a registration, see `runs`).
+    pub(crate) fn check_register_barrier(
+        &self,
         task: &TaskName,
-        incarnation: u64,
-        participants: &[TaskName],
-        now_ms: u64,
-        changes: &mut Vec<Change>,
-    ) -> CommandResult {
-        if let Some(unknown) = participants.iter().find(|t| !self.config.contains(t)) {
+        participants: &Participating,
+    ) -> Result<(), OpError> {
+        let unknown = match participants {
+            Participating::Listed(list) => list.iter().find(|t| !self.config.contains(t)).cloned(),
+            Participating::Runs(set) => set.first_unknown(&self.config),
+        };
+        if let Some(unknown) = unknown {
             return Err(status(
                 Code::InvalidArgument,
-                self.config.why_unknown(unknown),
+                self.config.why_unknown(&unknown),
             ));
         }
-        if !participants.contains(task) {
+        let participating = match participants {
+            Participating::Listed(list) => list.contains(task),
+            Participating::Runs(set) => set.contains(task),
+        };
+        if !participating {
             return Err(status(
                 Code::InvalidArgument,
                 format!("task {task} is not one of the tasks of the register barrier"),
             ));
         }
+        Ok(())
+    }
+
+    /// XLA's registration: register, then wait at the register barrier of `participants`.
+    pub(crate) fn register_at_barrier(
+        &mut self,
+        task: &TaskName,
+        incarnation: u64,
+        participants: &Participating,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> CommandResult {
+        self.check_register_barrier(task, participants)?;
         // XLA's schema has no recoverable flag: its jobs are recoverable by `--recoverable-job`.
         self.register(task, incarnation, false, changes)?;
         let timeout = self.config.register_timeout_ms;
+        let participants = match participants {
+            Participating::Listed(list) => Participants::from_request(list),
+            Participating::Runs(set) => Participants::from_set(set, &self.config),
+        };
         self.arrive(
             REGISTER_BARRIER,
             0,
-            Participants::from_request(participants),
+            participants,
             timeout,
             task,
             now_ms,
@@ -64,27 +89,26 @@ impl Cluster {
     pub(crate) fn get_alive_tasks(
         &mut self,
         source: &TaskName,
-        tasks: &[TaskName],
+        set: &TaskSet,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
         self.require(source)?;
-        if let Some(unknown) = tasks.iter().find(|t| !self.config.contains(t)) {
+        if let Some(unknown) = set.first_unknown(&self.config) {
             return Err(status(
                 Code::InvalidArgument,
-                self.config.why_unknown(unknown),
+                self.config.why_unknown(&unknown),
             ));
         }
-        let set = alive::set_key(tasks);
         if !set.contains(source) {
             return Err(status(
                 Code::InvalidArgument,
                 format!("task {source} asked which tasks are alive, but it is not one of the tasks it asked about"),
             ));
         }
-        let (generation, answer) = self.alive.ask(set.clone(), source, &self.tasks);
+        let (generation, answer) = self.alive.ask(set, source, &self.tasks);
         if answer.is_some() {
             changes.push(Change::BarrierDone {
-                id: alive::wait_key(&set),
+                id: alive::wait_key(set),
                 counter: generation as i64,
             });
         }

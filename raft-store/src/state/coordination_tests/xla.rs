@@ -1,16 +1,27 @@
 //! Tests of XLA's additions: GetAliveTasks rounds and registration at the barrier.
 
 use super::*;
+use std::sync::Arc;
 
+/// Task `source` asks about tasks `of`: listed as builds before sets were runs committed it
+/// when `of` starts with task 2, as runs otherwise (both must behave alike).
 fn alive(s: &mut CoordState, source: u32, of: &[u32]) -> (CommandResult, Vec<Change>) {
-    run_changes(
-        s,
-        0,
+    let op = if of.first() == Some(&2) {
         Op::GetAliveTasks {
             source: w(source),
             tasks: of.iter().map(|&i| w(i)).collect(),
-        },
-    )
+        }
+    } else {
+        Op::GetAliveTasksOf {
+            source: w(source),
+            tasks: TaskSet::of_job("worker", of.iter().copied()),
+        }
+    };
+    run_changes(s, 0, op)
+}
+
+fn set(of: &[u32]) -> TaskSet {
+    TaskSet::of_job("worker", of.iter().copied())
 }
 
 #[test]
@@ -47,12 +58,14 @@ fn get_alive_tasks_waits_for_every_live_task_and_not_for_the_dead() {
         },
     );
     assert!(changes.contains(&Change::BarrierDone {
-        id: alive_wait_key(&alive_set_key(&[w(0), w(1), w(2)])),
+        id: alive_wait_key(&set(&[0, 1, 2])),
         counter: 0
     }));
     let c = s.cluster.as_ref().expect("cluster");
-    let set = alive_set_key(&[w(0), w(1), w(2)]);
-    assert_eq!(c.alive.answer(&set, 0), Some(&vec![(w(0), 10), (w(1), 11)]));
+    assert_eq!(
+        c.alive.answer(&set(&[0, 1, 2]), 0),
+        Some(&Arc::new(vec![(w(0), 10), (w(1), 11)]))
+    );
     // The next round starts empty.
     let (r, _) = alive(&mut s, 0, &[0, 1, 2]);
     assert_eq!(
@@ -67,7 +80,7 @@ fn get_alive_tasks_waits_for_every_live_task_and_not_for_the_dead() {
         r,
         Ok(Output::Alive {
             generation: 1,
-            answer: Some(vec![(w(0), 10), (w(1), 11)])
+            answer: Some(Arc::new(vec![(w(0), 10), (w(1), 11)]))
         })
     );
 }
@@ -153,5 +166,105 @@ fn registration_at_the_barrier_waits_for_every_participant_and_counts_task_chang
         code_of(&r),
         Some(Code::InvalidArgument),
         "not a participant"
+    );
+}
+
+#[test]
+fn registration_at_the_barrier_of_runs_meets_registrations_of_lists() {
+    // A log written across an upgrade: task 0 listed its participants, task 1 names them as runs.
+    let mut s = cluster(3);
+    let listed = Op::RegisterAtBarrier {
+        task: w(0),
+        incarnation: 5,
+        participants: vec![w(0), w(1), w(2)],
+    };
+    let runs = |i: u32, participants: TaskSet| Op::RegisterAtBarrierOf {
+        task: w(i),
+        incarnation: 5,
+        participants,
+    };
+    let waiting = Ok(Output::Barrier {
+        counter: 0,
+        outcome: None,
+    });
+    assert_eq!(run(&mut s, 0, listed), waiting);
+    assert_eq!(run(&mut s, 0, runs(1, set(&[0, 1, 2]))), waiting);
+    assert_eq!(
+        run(&mut s, 0, runs(2, set(&[2, 0, 1]))),
+        Ok(Output::Barrier {
+            counter: 0,
+            outcome: Some(Outcome::Passed)
+        })
+    );
+    let r = run(&mut s, 0, runs(0, set(&[0, 1, 2, 3])));
+    assert!(
+        matches!(&r, Err(OpError::Status { code: Code::InvalidArgument, message }) if message.contains("task:3")),
+        "the task outside the cluster is named: {r:?}"
+    );
+}
+
+#[test]
+fn a_round_of_many_tasks_counts_its_askers() {
+    const N: u32 = 2_000;
+    let mut s = cluster(N);
+    for i in 0..N {
+        register(&mut s, w(i), u64::from(i)).expect("register");
+    }
+    let all: Vec<u32> = (0..N).collect();
+    for i in 0..N - 1 {
+        let (r, _) = alive(&mut s, i, &all);
+        assert_eq!(
+            r,
+            Ok(Output::Alive {
+                generation: 0,
+                answer: None
+            }),
+            "task {i}"
+        );
+    }
+    // An asker asking again is counted once.
+    let (r, _) = alive(&mut s, 7, &all);
+    assert_eq!(
+        r,
+        Ok(Output::Alive {
+            generation: 0,
+            answer: None
+        })
+    );
+    let (r, changes) = alive(&mut s, N - 1, &all);
+    let expected: Vec<(TaskName, u64)> = (0..N).map(|i| (w(i), u64::from(i))).collect();
+    assert_eq!(
+        r,
+        Ok(Output::Alive {
+            generation: 0,
+            answer: Some(Arc::new(expected))
+        })
+    );
+    assert!(changes.contains(&Change::BarrierDone {
+        id: alive_wait_key(&set(&all)),
+        counter: 0
+    }));
+    assert_eq!(
+        alive_wait_key(&set(&all)),
+        "coord-internal:alive:worker:0-1999"
+    );
+}
+
+#[test]
+fn a_decoded_round_counts_its_askers_again() {
+    let mut s = cluster(3);
+    for i in 0..3 {
+        register(&mut s, w(i), 1).expect("register");
+    }
+    alive(&mut s, 0, &[0, 1, 2]).0.expect("ask");
+    // As a replica restored from a snapshot holds it: the count is not part of the state.
+    let bytes = crate::codec::encode("state", &s).expect("encode");
+    let mut restored: CoordState = crate::codec::decode("state", &bytes).expect("decode");
+    assert_eq!(restored, s);
+    alive(&mut restored, 1, &[0, 1, 2]).0.expect("ask");
+    let (r, _) = alive(&mut restored, 2, &[0, 1, 2]);
+    assert!(
+        matches!(r, Ok(Output::Alive { answer: Some(ref a), .. }) if a.len() == 3),
+        "{r:?}"
     );
 }

@@ -2,7 +2,7 @@
 
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_server::CoordinationService;
-use coord_raft_store::state::Outcome;
+use coord_raft_store::state::{Outcome, TaskSet};
 use tonic::{Request, Response, Status};
 
 use super::waits::Answer;
@@ -465,9 +465,11 @@ impl CoordinationService for TfService {
                     served(async move {
                         let source = task_from(m.requesting_task.as_ref(), "requesting_task")?;
                         let tasks = tasks_from(&m.tasks, "tasks")?;
-                        let mut alive = core.get_alive(id, source, tasks).await?;
+                        let set = TaskSet::of_tasks(&tasks);
+                        let answer = core.get_alive(id, source, set).await?;
                         // Index-aligned and in incarnation order: TF's service sorts the
                         // incarnations on their own, and its agent pairs them by index.
+                        let mut alive: Vec<_> = answer.iter().collect();
                         alive.sort_by_key(|(_, incarnation)| *incarnation);
                         Ok(tf::GetAliveTasksResponse {
                             alive_tasks: alive.iter().map(|(t, _)| task_to(t)).collect(),

@@ -14,8 +14,10 @@
 //!   without, on purpose (see [`errors`]);
 //! - RegisterTask waits at a register barrier of every task (as JAX configures its service).
 //!
-//! [`service`] holds the RPCs; this module the service's state and the helpers they share.
+//! [`service`] holds the RPCs (GetAliveTasks in [`alive`]); this module the service's state and
+//! the helpers they share.
 
+mod alive;
 pub mod errors;
 mod service;
 
@@ -25,7 +27,7 @@ use crate::raft::peers::PeerChannel;
 use bytes::Bytes;
 use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
-use coord_raft_store::state::{Cluster, TaskName, TaskState};
+use coord_raft_store::state::{Cluster, TaskName, TaskSet, TaskState};
 use tonic::{Request, Status};
 
 use crate::error::CoordError;
@@ -41,6 +43,8 @@ pub struct XlaService {
     coord: Arc<CoordCore>,
     /// Large key-value answers, encoded once for every reader (see `api::value_answers`).
     values: crate::api::value_answers::ValueAnswers,
+    /// GetAliveTasks rounds' answers, encoded once for every asker (see `alive`).
+    alive: crate::api::shared_answer::Encodings<Vec<(TaskName, u64)>>,
     /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
     job: Option<String>,
 }
@@ -85,6 +89,7 @@ impl XlaService {
             kv,
             coord,
             values: Default::default(),
+            alive: Default::default(),
             job,
         }
     }
@@ -148,6 +153,26 @@ impl XlaService {
     fn tasks(&self, ids: &[i32], field: &str) -> Result<Vec<TaskName>, CoordError> {
         let (job, n) = self.job()?;
         ids.iter().map(|&i| task_of(&job, n, i, field)).collect()
+    }
+
+    /// Every task of `ids`, as the runs a command carries (see `state::task_set`): each id is
+    /// checked, but no task name is made.
+    fn task_set(&self, ids: &[i32], field: &str) -> Result<TaskSet, CoordError> {
+        let (job, n) = self.job()?;
+        let ids = ids
+            .iter()
+            .map(|&i| match u32::try_from(i) {
+                Ok(t) if t < n => Ok(t),
+                _ => task_of(&job, n, i, field).map(|t| t.task),
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        Ok(TaskSet::of_job(&job, ids))
+    }
+
+    /// Every task of the job, as runs.
+    fn whole_job(&self) -> Result<TaskSet, CoordError> {
+        let (job, n) = self.job()?;
+        Ok(TaskSet::whole_job(&job, n))
     }
 
     fn all_tasks(&self) -> Result<Vec<TaskName>, CoordError> {

@@ -32,7 +32,7 @@ impl CoordinationService for XlaService {
                 |m, id| {
                     served(async move {
                         let task = this.task(m.source_task_id, "source_task_id")?;
-                        let all = this.all_tasks()?;
+                        let all = this.whole_job()?;
                         let service_incarnation = this
                             .coord
                             .register_at_barrier(id, task, m.incarnation, all)
@@ -406,33 +406,7 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::GetAliveTasksRequest>,
     ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
-        self.acting_as(
-            &req,
-            "xla/GetAliveTasks",
-            "requesting_task_id",
-            req.get_ref().requesting_task_id,
-        )?;
-        let this = self;
-        self.router
-            .route(
-                "xla/GetAliveTasks",
-                Kind::Write,
-                req,
-                |m, id| {
-                    served(async move {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let source = this.task(m.requesting_task_id, "requesting_task_id")?;
-                        let tasks = this.tasks(&m.task_ids, "task_ids")?;
-                        let alive = this.coord.get_alive(id, source, tasks).await?;
-                        Ok(xla::GetAliveTasksResponse {
-                            alive_task_ids: alive.iter().map(|(t, _)| id_of(t)).collect(),
-                            incarnations: alive.iter().map(|(_, i)| *i).collect(),
-                        })
-                    })
-                },
-                |ch, r| async move { client(ch).get_alive_tasks(r).await },
-            )
-            .await
+        self.get_alive_call(req).await
     }
 
     async fn poll_for_error(

@@ -12,8 +12,8 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use coord_raft_store::state::{
-    alive_set_key, alive_wait_key, AliveAnswer, Code, DeviceInfo, ErrorEvent, Outcome, TaskName,
-    TaskRecord, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
+    alive_wait_key, AliveAnswer, Code, DeviceInfo, ErrorEvent, Outcome, TaskName, TaskRecord,
+    TaskSet, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
 };
 use coord_raft_store::{Op, OpError, Output, RequestId};
 
@@ -30,11 +30,11 @@ impl CoordCore {
         id: Option<RequestId>,
         task: TaskName,
         incarnation: u64,
-        participants: Vec<TaskName>,
+        participants: TaskSet,
     ) -> Result<u64, CoordError> {
         let (epoch, slot) =
             self.barrier_slot(|| format!("RegisterTask of {task} at the register barrier"))?;
-        let op = Op::RegisterAtBarrier {
+        let op = Op::RegisterAtBarrierOf {
             task: task.clone(),
             incarnation,
             participants,
@@ -64,17 +64,21 @@ impl CoordCore {
         self.service_incarnation()
     }
 
-    /// XLA's GetAliveTasks: waits until every live task of `tasks` asked; returns the live ones
-    /// with their incarnations.
+    /// XLA's GetAliveTasks: waits until every live task of `set` asked; returns the live ones
+    /// with their incarnations (one answer every asker shares).
     pub async fn get_alive(
         &self,
         id: Option<RequestId>,
         source: TaskName,
-        tasks: Vec<TaskName>,
+        set: TaskSet,
     ) -> Result<AliveAnswer, CoordError> {
         let (epoch, slot) = self.barrier_slot(|| format!("GetAliveTasks of {source}"))?;
-        let set = alive_set_key(&tasks);
-        let generation = match self.commit(id, Op::GetAliveTasks { source, tasks }).await? {
+        let key = alive_wait_key(&set);
+        let op = Op::GetAliveTasksOf {
+            source,
+            tasks: set.clone(),
+        };
+        let generation = match self.commit(id, op).await? {
             Output::Alive {
                 answer: Some(a), ..
             } => return Ok(a),
@@ -84,7 +88,7 @@ impl CoordCore {
             } => generation,
             other => return Err(unexpected("GetAliveTasks", &other)),
         };
-        let key = (alive_wait_key(&set), generation as i64);
+        let key = (key, generation as i64);
         let run = self.reader.read(|a| a.state.runs.current());
         self.park_until(
             &self.hub.barriers,

@@ -1,0 +1,531 @@
+//! `coord-bench xla-scale`: a large JAX job on jaxlib's own wire
+//! (`xla.coordination.CoordinationService`), for each size N on a fresh three-replica ensemble
+//! (`--job jax_worker=N`, the XLA job). The same job as [`super::scale`]'s, minus what jaxlib does
+//! not do, plus what it does differently:
+//!
+//! - the tasks call the leader's address straight, over plain gRPC connections a hundred tasks
+//!   share: jaxlib's client has no failover (a sidecar gives it one; this bench measures the
+//!   leader without);
+//! - RegisterTask waits at the register barrier, so all N calls are in flight at once and the
+//!   storm is timed from the first call to the last answer;
+//! - GetAliveTasks (what jax's `live_devices` calls) names all N tasks and is barrier-like: it
+//!   returns once every task asked.
+//!
+//! Besides time, CPU and memory, it reads how much Raft log each phase wrote (entries, and the
+//! leader's data directory on disk): the XLA registration and GetAliveTasks commands carry the task
+//! list they concern, so a phase of N calls can write O(N²) bytes of log.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coord_proto::conn::EagerEnd;
+use coord_proto::xla::coordination as xla;
+use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::Channel;
+
+use super::raft_log::{log_cell, log_record_bytes, LogGrowth, LogMark};
+use super::tasks::{
+    call_size, cpu_seconds, parked_calls, parked_until, rss_bytes, Spawned, ACCEPT_GZIP,
+};
+use super::{disk_usage, mb};
+
+/// What `coord-bench xla-scale` runs.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Job sizes, in tasks, each on a fresh ensemble.
+    #[arg(long, value_delimiter = ',', default_values_t = [2_000, 10_000])]
+    pub sizes: Vec<usize>,
+    /// Tasks per gRPC connection, as a host's processes behind one address would share it.
+    #[arg(long, default_value_t = 100)]
+    pub tasks_per_connection: usize,
+    /// Each task heartbeats this often, in ms. jaxlib's agent heartbeats every half of its
+    /// heartbeat timeout, and `jax.distributed.initialize` sets 100 s: one every 50 s. The
+    /// default is TensorFlow's 5 s (what `scale` runs), ten times jaxlib's load.
+    #[arg(long, default_value_t = 5_000)]
+    pub heartbeat_ms: u64,
+    /// The tasks neither compress requests nor accept gzip answers (jaxlib, as JAX starts it
+    /// with `use_compression=True`, does both).
+    #[arg(long)]
+    pub no_gzip: bool,
+    /// Leader CPU is read over this long, in ms, with the tasks only heartbeating.
+    #[arg(long, default_value_t = 15_000)]
+    pub cpu_window_ms: u64,
+}
+
+/// The job coord serves to XLA clients: jaxlib's XLA wire names tasks by number only, and
+/// `jax_worker` is the job name jaxlib used on TensorFlow's wire.
+const JOB: &str = "jax_worker";
+
+/// The heartbeat timeout `jax.distributed.initialize` configures (its agents heartbeat every
+/// half of it).
+const JAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(100);
+
+/// GetAliveTasks, for the calls whose answers are only counted (see [`call_size`]).
+const GET_ALIVE_TASKS: &str = "/xla.coordination.CoordinationService/GetAliveTasks";
+
+/// No phase may take longer: a stuck barrier fails the size instead of hanging the run.
+const PHASE_LIMIT: Duration = Duration::from_secs(600);
+
+/// A connection's client as jaxlib sets its channel up: gzip both ways, no limit on an answer's
+/// size. Over [`EagerEnd`], so that a request's one DATA frame ends the stream, as gRPC C++ sends
+/// a unary call (tonic alone sends the end in a later frame, which the server waits for).
+type Client = CoordinationServiceClient<EagerEnd<Channel>>;
+
+fn client(ch: &EagerEnd<Channel>) -> Client {
+    let c = CoordinationServiceClient::new(ch.clone()).max_decoding_message_size(usize::MAX);
+    if ACCEPT_GZIP.load(Ordering::Relaxed) {
+        c.send_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Gzip)
+    } else {
+        c
+    }
+}
+
+/// Task `i`'s XLA id.
+fn id(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
+}
+
+/// Task `i`'s incarnation (jaxlib draws a random one per process; any non-zero value will do).
+fn incarnation(i: usize) -> u64 {
+    0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1)
+}
+
+/// What every request after RegisterTask carries: the task and the service it believes in.
+fn incarnations(i: usize, service: u64) -> Option<xla::Incarnations> {
+    Some(xla::Incarnations {
+        task_id: id(i),
+        task_incarnation: incarnation(i),
+        service_incarnation: service,
+    })
+}
+
+/// One size's run.
+pub struct Measured {
+    pub tasks: usize,
+    pub connections: usize,
+    pub heartbeat_every: Duration,
+    /// RegisterTask: from the first call to the last answer.
+    pub register: Duration,
+    /// RegisterTask calls answered UNAVAILABLE and made again (each one more log entry).
+    pub register_retries: u64,
+    pub register_log: LogGrowth,
+    pub heartbeat_cpu_cores: f64,
+    pub heartbeat_log: LogGrowth,
+    pub heartbeat_errors: u64,
+    /// GetAliveTasks: from the last task's call to every task's answer.
+    pub alive: Duration,
+    /// The answers of every task but the one that decodes its own, as they crossed the wire.
+    pub alive_wire_bytes: u64,
+    /// The decoded answer: tasks it lists alive, and its encoded size.
+    pub alive_listed: usize,
+    pub alive_answer_bytes: usize,
+    pub alive_log: LogGrowth,
+    pub leader_rss_before: u64,
+    pub leader_rss_registered: u64,
+    pub leader_rss_after: u64,
+    pub elections: u64,
+}
+
+/// Runs `coord-bench xla-scale`; a size that fails is reported and the next one still runs.
+pub async fn run(args: Args) -> Result<(), String> {
+    ACCEPT_GZIP.store(!args.no_gzip, Ordering::Relaxed);
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    for &tasks in &args.sizes {
+        match measure(&args, tasks).await {
+            Ok(m) => done.push(m),
+            Err(e) => {
+                eprintln!("coord-bench xla-scale: {tasks} tasks failed: {e}");
+                failed.push(format!("{tasks} tasks: {e}"));
+            }
+        }
+    }
+    print(&done, args.no_gzip);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// One size on a fresh ensemble.
+pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
+    let tasks = tasks.max(1);
+    let heartbeat_every = Duration::from_millis(args.heartbeat_ms.max(1));
+    // JAX's: `jax.distributed.initialize` gives the service a 100 s heartbeat timeout.
+    let heartbeat_timeout = (heartbeat_every * 2).max(JAX_HEARTBEAT_TIMEOUT);
+    let mut cluster = crate::Cluster::start(crate::ClusterOptions {
+        extra_args: vec![
+            "--worker-threads".into(),
+            "1".into(),
+            "--job".into(),
+            format!("{JOB}={tasks}"),
+            "--xla-job".into(),
+            JOB.into(),
+            "--heartbeat-timeout-ms".into(),
+            heartbeat_timeout.as_millis().to_string(),
+        ],
+        log_filter: "warn".into(),
+        ..crate::ClusterOptions::default()
+    });
+    // The job starts once its service is up: after the ensemble's own first writes.
+    cluster.wait_for_leader(Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let pid = cluster.pid(leader).ok_or("leader has no process")?;
+    let term_before = cluster.status(leader).ok_or("leader has no /status")?.term;
+    // A leader change fails the size at once: the tasks have no failover, and calls parked on a
+    // leader that lost its term would otherwise be waited for until the phase limit.
+    let still_leading = || match cluster.status(leader) {
+        Some(s) if s.term != term_before || s.leader_id != Some(leader) => Err(format!(
+            "the leader changed (term {term_before} -> {}, leader now {:?})",
+            s.term, s.leader_id
+        )),
+        _ => Ok(()),
+    };
+    let replica = cluster.replica(leader);
+    let (grpc, http, data_dir) = (replica.grpc, replica.http, replica.data_dir.clone());
+    let mark = || -> Result<LogMark, String> {
+        let s = cluster.status(leader).ok_or("leader has no /status")?;
+        Ok(LogMark {
+            last_index: s.last_log_index,
+            snapshot_index: s.snapshot_index,
+            records: log_record_bytes(&data_dir),
+            disk: disk_usage(&data_dir),
+        })
+    };
+    // A phase that fails says how far it got: what it had written to the log by then.
+    let wrote = |e: String, since: LogMark, t: Instant| match mark() {
+        Ok(now) => format!(
+            "{e} ({:.1?} in; the log grew meanwhile by {})",
+            t.elapsed(),
+            log_cell(&since.to(now), None)
+        ),
+        Err(_) => e,
+    };
+    // Calls the leader holds parked (only the leader parks any).
+    let parked = move || parked_calls(http);
+
+    let connections = tasks.div_ceil(args.tasks_per_connection.max(1));
+    let mut channels = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let ch = Channel::from_shared(format!("http://{grpc}"))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| format!("connect to the leader at {grpc}: {e}"))?;
+        channels.push(EagerEnd(ch));
+    }
+    let channel = |i: usize| &channels[i % channels.len()];
+    eprintln!(
+        "coord-bench xla-scale: {tasks} tasks over {connections} connections to the leader \
+         (replica {leader}, pid {pid}), heartbeat every {heartbeat_every:?}"
+    );
+
+    // Registration storm: every task's RegisterTask at once, as the job's processes start.
+    let leader_rss_before = rss_bytes(pid).unwrap_or(0);
+    let before_register = mark()?;
+    let started = Instant::now();
+    let register_retries = Arc::new(AtomicU64::new(0));
+    let registering: Vec<_> = (0..tasks)
+        .map(|i| Spawned::new(register(client(channel(i)), i, register_retries.clone())))
+        .collect();
+    let service = within("RegisterTask", &still_leading, async {
+        let mut service = None;
+        for (i, call) in registering.into_iter().enumerate() {
+            let got = call
+                .join()
+                .await?
+                .map_err(|e| format!("RegisterTask of task {i}: {e}"))?;
+            if *service.get_or_insert(got) != got || got == 0 {
+                return Err(format!(
+                    "task {i} got service incarnation {got}, others {service:?}"
+                ));
+            }
+        }
+        service.ok_or_else(|| "no task registered".to_string())
+    })
+    .await
+    .map_err(|e| wrote(e, before_register, started))?;
+    let register = started.elapsed();
+    let after_register = mark()?;
+    eprintln!("registered {tasks} tasks in {register:?}");
+
+    // Every task heartbeats from its answer on, as jaxlib's agent does once connected, spread
+    // over the interval as independent processes' heartbeats are.
+    let heartbeat_errors = Arc::new(AtomicU64::new(0));
+    let beats: Vec<Spawned<()>> = (0..tasks)
+        .map(|i| {
+            let first = heartbeat_every.mul_f64(i as f64 / tasks as f64);
+            heartbeat(
+                client(channel(i)),
+                i,
+                service,
+                first,
+                heartbeat_every,
+                heartbeat_errors.clone(),
+            )
+        })
+        .collect();
+    // One whole interval first, so that every task is beating when the window opens.
+    let cpu_window = Duration::from_millis(args.cpu_window_ms);
+    let settle = Duration::from_secs(2);
+    tokio::time::sleep(heartbeat_every.clamp(settle, cpu_window.max(settle))).await;
+    let before_heartbeats = mark()?;
+    let cpu0 = cpu_seconds(pid).unwrap_or(0.0);
+    let t0 = Instant::now();
+    tokio::time::sleep(cpu_window).await;
+    let heartbeat_cpu_cores = (cpu_seconds(pid).unwrap_or(0.0) - cpu0) / t0.elapsed().as_secs_f64();
+    let heartbeat_log = before_heartbeats.to(mark()?);
+    let leader_rss_registered = rss_bytes(pid).unwrap_or(0);
+    eprintln!("heartbeats only: leader uses {heartbeat_cpu_cores:.2} cores");
+
+    // GetAliveTasks of the whole job by every task: all but one park, then the last asks and
+    // is timed until every task has its answer. Task 0 decodes its answer (to check that it
+    // lists the whole job alive); the others only count theirs.
+    let all: Arc<Vec<i32>> = Arc::new((0..tasks).map(id).collect());
+    let ask = |i: usize| {
+        let req = xla::GetAliveTasksRequest {
+            incarnations: incarnations(i, service),
+            requesting_task_id: id(i),
+            task_ids: all.as_ref().clone(),
+        };
+        let ch = channel(i).clone();
+        Spawned::new(async move {
+            if i == 0 {
+                let answer = client(&ch).get_alive_tasks(req).await?.into_inner();
+                let size = prost::Message::encoded_len(&answer);
+                Ok::<_, tonic::Status>((
+                    Instant::now(),
+                    0,
+                    Some((answer.alive_task_ids.len(), size)),
+                ))
+            } else {
+                let bytes = call_size(ch, GET_ALIVE_TASKS, tonic::Request::new(req)).await?;
+                Ok((Instant::now(), bytes.into_inner() as u64, None))
+            }
+        })
+    };
+    let before_alive = mark()?;
+    let alive_started = Instant::now();
+    let already_parked = parked();
+    let early: Vec<_> = (0..tasks - 1).map(ask).collect();
+    let early = within(
+        "GetAliveTasks (the first N-1 parking)",
+        &still_leading,
+        parked_until(
+            early,
+            &parked,
+            already_parked + (tasks - 1) as u64,
+            "GetAliveTasks",
+        ),
+    )
+    .await
+    .map_err(|e| wrote(e, before_alive, alive_started))?;
+    let last_call = Instant::now();
+    let (alive_wire_bytes, decoded, answered) = within("GetAliveTasks", &still_leading, async {
+        let mut bytes = 0;
+        let mut decoded = None;
+        let mut answered = last_call;
+        for (i, call) in early.into_iter().chain([ask(tasks - 1)]).enumerate() {
+            let (at, b, d) = call
+                .join()
+                .await?
+                .map_err(|e| format!("GetAliveTasks of task {i}: {e}"))?;
+            bytes += b;
+            decoded = decoded.or(d);
+            answered = answered.max(at);
+        }
+        Ok((bytes, decoded, answered))
+    })
+    .await
+    .map_err(|e| wrote(e, before_alive, alive_started))?;
+    let alive = answered.duration_since(last_call);
+    let alive_log = before_alive.to(mark()?);
+    let leader_rss_after = rss_bytes(pid).unwrap_or(0);
+    let (alive_listed, alive_answer_bytes) = decoded.ok_or("task 0 got no answer")?;
+    if alive_listed != tasks {
+        return Err(format!(
+            "GetAliveTasks listed {alive_listed} of {tasks} tasks alive"
+        ));
+    }
+    eprintln!(
+        "GetAliveTasks answered every task {alive:?} after the last call ({})",
+        mb(alive_wire_bytes)
+    );
+    drop(beats);
+    still_leading()?;
+    let after = cluster.status(leader).ok_or("leader has no /status")?;
+    Ok(Measured {
+        tasks,
+        connections,
+        heartbeat_every,
+        register,
+        register_retries: register_retries.load(Ordering::Relaxed),
+        register_log: before_register.to(after_register),
+        heartbeat_cpu_cores,
+        heartbeat_log,
+        heartbeat_errors: heartbeat_errors.load(Ordering::Relaxed),
+        alive,
+        alive_wire_bytes,
+        alive_listed,
+        alive_answer_bytes,
+        alive_log,
+        leader_rss_before,
+        leader_rss_registered,
+        leader_rss_after,
+        elections: after.term - term_before,
+    })
+}
+
+/// `phase`, failed if it takes longer than [`PHASE_LIMIT`] or once `stable` (polled twice a
+/// second) fails.
+async fn within<T>(
+    phase: &str,
+    stable: &impl Fn() -> Result<(), String>,
+    f: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    let watch = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if let Err(e) = stable() {
+                return e;
+            }
+        }
+    };
+    tokio::select! {
+        done = tokio::time::timeout(PHASE_LIMIT, f) => {
+            done.map_err(|_| format!("{phase} did not finish within {PHASE_LIMIT:?}"))?
+        }
+        e = watch => Err(format!("{phase}: {e}")),
+    }
+}
+
+/// Task `i`'s RegisterTask as jaxlib's `connect()` sends it (its incarnation and id, nothing
+/// else); returns the service incarnation. Like jaxlib, it tries again on UNAVAILABLE (an error
+/// without the coordination payload, which jaxlib takes for a transport error), here for a
+/// minute: a new ensemble answers that until its cluster configuration is committed.
+async fn register(mut c: Client, i: usize, retries: Arc<AtomicU64>) -> Result<u64, tonic::Status> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let req = xla::RegisterTaskRequest {
+            incarnation: incarnation(i),
+            source_task_id: id(i),
+        };
+        match c.register_task(req).await {
+            Ok(r) => return Ok(r.into_inner().service_incarnation),
+            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                if retries.fetch_add(1, Ordering::Relaxed) == 0 {
+                    eprintln!("RegisterTask of task {i} retried: {}", e.message());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Task `i`'s heartbeats, the first after `first`, then one `every` after the last answer (as
+/// jaxlib's heartbeat thread waits); failures are counted. Each carries the task's incarnation
+/// in both places the schema has for it.
+fn heartbeat(
+    mut c: Client,
+    i: usize,
+    service: u64,
+    first: Duration,
+    every: Duration,
+    errors: Arc<AtomicU64>,
+) -> Spawned<()> {
+    Spawned::new(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let req = xla::HeartbeatRequest {
+                incarnations: incarnations(i, service),
+                incarnation: incarnation(i),
+                source_task_id: id(i),
+            };
+            if c.heartbeat(req).await.is_err() {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
+/// The table: a row per measure, a column per size.
+fn print(runs: &[Measured], no_gzip: bool) {
+    if runs.is_empty() {
+        return;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let row = |name: &str, cell: &dyn Fn(&Measured) -> String| {
+        let cells: Vec<String> = runs.iter().map(cell).collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    };
+    println!();
+    let sizes: Vec<String> = runs.iter().map(|m| format!("{} tasks", m.tasks)).collect();
+    println!(
+        "| measure (3 replicas, jaxlib's XLA wire, no failover) | {} |",
+        sizes.join(" | ")
+    );
+    println!("|---|{}", "---:|".repeat(runs.len()));
+    row("connections to the leader (tasks share them)", &|m| {
+        m.connections.to_string()
+    });
+    row("RegisterTask storm: first call to last answer", &|m| {
+        let s = m.register.as_secs_f64();
+        format!("{s:.2} s ({:.0} tasks/s)", m.tasks as f64 / s)
+    });
+    row(
+        "... calls retried after UNAVAILABLE (as jaxlib does)",
+        &|m| m.register_retries.to_string(),
+    );
+    row("... Raft log the registrations wrote (leader)", &|m| {
+        log_cell(&m.register_log, Some(m.tasks))
+    });
+    row("leader CPU with every task heartbeating", &|m| {
+        format!(
+            "{:.2} cores (every {:?})",
+            m.heartbeat_cpu_cores, m.heartbeat_every
+        )
+    });
+    row("... Raft log written meanwhile", &|m| {
+        log_cell(&m.heartbeat_log, None)
+    });
+    row("... failed heartbeats", &|m| m.heartbeat_errors.to_string());
+    let gzip = if no_gzip { "" } else { ", gzip accepted" };
+    row(
+        &format!("GetAliveTasks of all by all{gzip}: every answer after the last call"),
+        &|m| {
+            format!(
+                "{:.2} s ({} on the wire for {} answers; one is {:.1} KB decoded, {} alive)",
+                m.alive.as_secs_f64(),
+                mb(m.alive_wire_bytes),
+                m.tasks - 1,
+                m.alive_answer_bytes as f64 / 1e3,
+                m.alive_listed
+            )
+        },
+    );
+    row("... Raft log the round wrote (leader)", &|m| {
+        log_cell(&m.alive_log, Some(m.tasks))
+    });
+    row(
+        "leader RSS: before, heartbeating, after GetAliveTasks",
+        &|m| {
+            let (a, b, c) = (
+                m.leader_rss_before,
+                m.leader_rss_registered,
+                m.leader_rss_after,
+            );
+            format!("{:.0} -> {:.0} -> {:.0} MiB", mib(a), mib(b), mib(c))
+        },
+    );
+    row("elections (a leader change fails the size)", &|m| {
+        m.elections.to_string()
+    });
+}
