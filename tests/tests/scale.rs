@@ -2,15 +2,13 @@
 //! from one buffer (gzipped once for the clients that accept gzip, as TensorFlow's do); and a job
 //! of 20,000 tasks over 100 connections (sidecars carrying 200 tasks each) registers, waits for
 //! all, passes a barrier and keeps every task alive across a leader kill. The full sizes and the
-//! timings are `coord-bench scale` (docs/benchmarks.md); here nothing is timed. A JAX job of 2,000
-//! tasks on jaxlib's wire registers and asks GetAliveTasks in a log of a few bytes a call.
+//! timings are `coord-bench scale` (docs/benchmarks.md); here nothing is timed.
 
 use std::time::Duration;
 
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use coord_tests::bench::tasks::{parked_calls, run, Load};
-use coord_tests::bench::xla_scale;
 use coord_tests::coord_suite::{w, Env, LEADER_TIMEOUT};
 use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
@@ -165,37 +163,4 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
 /// gzip: compressed, it would be larger.
 fn answer_size() -> u64 {
     5 + 9 + 2
-}
-
-/// A JAX job on jaxlib's wire: its registration storm (every task waits at the register barrier
-/// of the whole job) and a GetAliveTasks round of every task about every task commit a few bytes
-/// a call. Each call used to commit the job's task list, N² bytes of log in all: about 26 KB a
-/// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Here only
-/// log bytes are asserted, never time (the times are `coord-bench xla-scale`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
-    const TASKS: usize = 2_000;
-    let args = xla_scale::Args {
-        sizes: vec![TASKS],
-        tasks_per_connection: 100,
-        heartbeat_ms: 10_000,
-        no_gzip: false,
-        cpu_window_ms: 1_000,
-    };
-    let m = xla_scale::measure(&args, TASKS)
-        .await
-        .expect("the job registered and asked who is alive");
-    assert_eq!(m.alive_listed, TASKS, "every task alive");
-    // A call's entry is its task and the set's one run, with the command's framing: well
-    // under 1 KB (the list was 13 bytes a task: 26 KB).
-    for (phase, log) in [
-        ("RegisterTask", m.register_log),
-        ("GetAliveTasks", m.alive_log),
-    ] {
-        assert!(
-            log.records < (TASKS * 1_024) as i64,
-            "{phase}: {} bytes of log records for {TASKS} calls",
-            log.records
-        );
-    }
 }

@@ -1,0 +1,38 @@
+//! A JAX job of 2,000 tasks on jaxlib's wire registers and asks GetAliveTasks in a log of a few
+//! bytes a call. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
+//! jobs starved each other's Raft heartbeats.
+
+use coord_tests::bench::xla_scale;
+
+/// A JAX job on jaxlib's wire: its registration storm (every task waits at the register barrier
+/// of the whole job) and a GetAliveTasks round of every task about every task commit a few bytes
+/// a call. Each call used to commit the job's task list, N² bytes of log in all: about 26 KB a
+/// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Here only
+/// log bytes are asserted, never time (the times are `coord-bench xla-scale`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
+    const TASKS: usize = 2_000;
+    let args = xla_scale::Args {
+        sizes: vec![TASKS],
+        tasks_per_connection: 100,
+        heartbeat_ms: 10_000,
+        no_gzip: false,
+        cpu_window_ms: 1_000,
+    };
+    let m = xla_scale::measure(&args, TASKS)
+        .await
+        .expect("the job registered and asked who is alive");
+    assert_eq!(m.alive_listed, TASKS, "every task alive");
+    // A call's entry is its task and the set's one run, with the command's framing: well
+    // under 1 KB (the list was 13 bytes a task: 26 KB).
+    for (phase, log) in [
+        ("RegisterTask", m.register_log),
+        ("GetAliveTasks", m.alive_log),
+    ] {
+        assert!(
+            log.records < (TASKS * 1_024) as i64,
+            "{phase}: {} bytes of log records for {TASKS} calls",
+            log.records
+        );
+    }
+}
