@@ -135,6 +135,15 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
             // Debug builds on a loaded CI machine: a dead task is not what this looks for.
             "--heartbeat-timeout-ms",
             "120000",
+            // Nor is a leader deposed by its own load: a debug build holding 40,000 parked calls
+            // on two busy cores misses the 300 ms lease, and each election re-drives every parked
+            // call at once (CI failed it so). Timeouts as an operator of a loaded machine sets them.
+            "--heartbeat-ms",
+            "200",
+            "--election-timeout-min-ms",
+            "1500",
+            "--election-timeout-max-ms",
+            "3000",
         ],
     )
     .await;

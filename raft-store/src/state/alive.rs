@@ -94,10 +94,7 @@ impl AliveQueries {
         source: &TaskName,
         tasks: &TaskRegistry,
     ) -> (u64, Option<AliveAnswer>) {
-        let round = match self.by_set.get_mut(set) {
-            Some(r) => r,
-            None => self.by_set.entry(set.clone()).or_default(),
-        };
+        let round = self.by_set.entry(set.clone()).or_default();
         let newly = round.asked.insert(source.clone());
         let generation = round.generation;
         match &mut round.waiting_for.0 {

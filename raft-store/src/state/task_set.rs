@@ -130,6 +130,23 @@ pub(crate) enum Participating<'a> {
     Runs(&'a TaskSet),
 }
 
+impl Participating<'_> {
+    /// The first task named that is not a task of `config`.
+    pub fn first_unknown(&self, config: &ClusterConfig) -> Option<TaskName> {
+        match self {
+            Participating::Listed(list) => list.iter().find(|t| !config.contains(t)).cloned(),
+            Participating::Runs(set) => set.first_unknown(config),
+        }
+    }
+
+    pub fn contains(&self, t: &TaskName) -> bool {
+        match self {
+            Participating::Listed(list) => list.contains(t),
+            Participating::Runs(set) => set.contains(t),
+        }
+    }
+}
+
 impl std::fmt::Display for TaskSet {
     /// `job:0-99999,job:100001`: a name as short as the set's runs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

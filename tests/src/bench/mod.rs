@@ -8,8 +8,8 @@
 //! workers and reader on coord's and TF's dispatchers), [`torch`] (torch's TCPStore through
 //! coord-proxy against torch's own store), [`namespaces`] (many jobs and a noisy one on one
 //! ensemble), [`xla_scale`] (a large JAX job on jaxlib's own wire: registration, heartbeats,
-//! GetAliveTasks, and the Raft log each writes, read by [`raft_log`]); [`failover_report`] prints a leader-kill
-//! measurement for `kv` and `failover` alike.
+//! GetAliveTasks, and the Raft log each writes, read by [`raft_log`]); [`failover_report`]
+//! prints a leader-kill measurement for `kv` and `failover` alike.
 
 pub mod agent_failover;
 pub mod agent_target;

@@ -12,8 +12,9 @@
 //!   returns once every task asked.
 //!
 //! Besides time, CPU and memory, it reads how much Raft log each phase wrote (entries, and the
-//! leader's data directory on disk): the XLA registration and GetAliveTasks commands carry the task
-//! list they concern, so a phase of N calls can write O(N²) bytes of log.
+//! leader's data directory on disk): commands that listed every task of the job in each call
+//! would write O(N²) bytes of log in a phase of N calls (the XLA registration and GetAliveTasks
+//! did, before they committed task sets as runs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

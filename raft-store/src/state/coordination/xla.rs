@@ -34,21 +34,13 @@ impl Cluster {
         task: &TaskName,
         participants: &Participating,
     ) -> Result<(), OpError> {
-        let unknown = match participants {
-            Participating::Listed(list) => list.iter().find(|t| !self.config.contains(t)).cloned(),
-            Participating::Runs(set) => set.first_unknown(&self.config),
-        };
-        if let Some(unknown) = unknown {
+        if let Some(unknown) = participants.first_unknown(&self.config) {
             return Err(status(
                 Code::InvalidArgument,
                 self.config.why_unknown(&unknown),
             ));
         }
-        let participating = match participants {
-            Participating::Listed(list) => list.contains(task),
-            Participating::Runs(set) => set.contains(task),
-        };
-        if !participating {
+        if !participants.contains(task) {
             return Err(status(
                 Code::InvalidArgument,
                 format!("task {task} is not one of the tasks of the register barrier"),
@@ -57,7 +49,8 @@ impl Cluster {
         Ok(())
     }
 
-    /// XLA's registration: register, then wait at the register barrier of `participants`.
+    /// XLA's registration: register, then wait at the register barrier of `participants`, which
+    /// the caller checked first ([`Self::check_register_barrier`]).
     pub(crate) fn register_at_barrier(
         &mut self,
         task: &TaskName,
@@ -66,7 +59,6 @@ impl Cluster {
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) -> CommandResult {
-        self.check_register_barrier(task, participants)?;
         // XLA's schema has no recoverable flag: its jobs are recoverable by `--recoverable-job`.
         self.register(task, incarnation, false, changes)?;
         let timeout = self.config.register_timeout_ms;
