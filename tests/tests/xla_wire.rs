@@ -1,6 +1,6 @@
 //! The XLA surface at the wire, where jaxlib's Python API (0.10 and 0.12 alike) does not reach:
 //! error payloads, the service-incarnation check, WatchTasks, ReportErrorToService, gzip, bad task
-//! ids. (tests/tests/jax.rs runs the real client.)
+//! ids, GetAliveTasks through a follower. (tests/tests/jax.rs runs the real client.)
 
 use std::time::Duration;
 
@@ -285,5 +285,48 @@ async fn reported_errors_reach_pollers_and_watchers() {
     assert_eq!(t0.state, xla::TaskState::TaskstateError as i32);
     assert_eq!(t0.incarnation, 100);
     assert_eq!(t0.error_code, Code::DataLoss as i32);
+    drop(env.cluster);
+}
+
+/// GetAliveTasks is routed as runs of task numbers and sent to the leader as jaxlib's list again:
+/// asked through a follower and through the leader, in any order and with repeats, it answers
+/// the live tasks in task order; a task id not of the job is refused by name, through either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_alive_tasks_answers_through_follower_and_leader() {
+    let mut env = env().await;
+    let service = register_both(&env).await;
+    let leader = env.cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+    let via_leader = client(env.cluster.replica(leader).grpc).await;
+    let via_follower = client(env.cluster.replica(follower).grpc).await;
+
+    let ask = |mut c: Client, task: i32, task_ids: Vec<i32>| async move {
+        c.get_alive_tasks(xla::GetAliveTasksRequest {
+            incarnations: incarnations(task, service),
+            requesting_task_id: task,
+            task_ids,
+        })
+        .await
+    };
+    let (a0, a1) = tokio::join!(
+        ask(via_follower.clone(), 0, vec![1, 0, 1]),
+        ask(via_leader.clone(), 1, vec![0, 1]),
+    );
+    for (task, answer) in [(0, a0), (1, a1)] {
+        let answer = answer
+            .unwrap_or_else(|e| panic!("task {task} asked: {e:?}"))
+            .into_inner();
+        assert_eq!(answer.alive_task_ids, vec![0, 1], "task {task}");
+        assert_eq!(answer.incarnations, vec![100, 101], "task {task}");
+    }
+
+    for c in [via_follower, via_leader] {
+        let err = ask(c, 0, vec![0, 9])
+            .await
+            .expect_err("task 9 is not of the job");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("task 9"), "{err:?}");
+        let _: xla::CoordinationServiceError = payload(&err, "CoordinationServiceError");
+    }
     drop(env.cluster);
 }

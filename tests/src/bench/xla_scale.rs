@@ -53,6 +53,9 @@ pub struct Args {
     /// Leader CPU is read over this long, in ms, with the tasks only heartbeating.
     #[arg(long, default_value_t = 15_000)]
     pub cpu_window_ms: u64,
+    /// Extra flags for every coord replica (e.g. --coord-arg=--election-timeout-max-ms=3000).
+    #[arg(long = "coord-arg")]
+    pub coord_args: Vec<String>,
 }
 
 /// The job coord serves to XLA clients: jaxlib's XLA wire names tasks by number only, and
@@ -168,7 +171,10 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             JOB.into(),
             "--heartbeat-timeout-ms".into(),
             heartbeat_timeout.as_millis().to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(args.coord_args.iter().cloned())
+        .collect(),
         log_filter: "warn".into(),
         ..crate::ClusterOptions::default()
     });

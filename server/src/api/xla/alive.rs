@@ -6,10 +6,16 @@
 //! once (and gzipped once, for the callers that accept gzip) and every caller's response body is
 //! that buffer, by reference, as WaitForAllTasks' is (see [`crate::api::shared_answer`]).
 //! Encoded per caller, a 10,000-task job's round held about 1 GB of answers on the leader.
+//!
+//! The request names every task too (4 bytes each), and a parked call lives as long as the
+//! round: the call is read into an [`Ask`], its list as runs, before it is routed, so what waits
+//! is a few bytes rather than the list (the router keeps the message to drive the call again
+//! after a leader change, and each attempt its own copy: 80 KB a call at 10,000 tasks).
 
 use std::sync::Arc;
 
 use coord_proto::xla::coordination as xla;
+use coord_raft_store::state::TaskSet;
 use tonic::{Request, Response, Status};
 
 use super::errors::id_of;
@@ -21,6 +27,53 @@ use crate::serve::route::Kind;
 enum Routed {
     Shared(Arc<AnswerBytes>),
     Relayed(xla::GetAliveTasksResponse),
+}
+
+/// A GetAliveTasks request as it is routed and waits.
+#[derive(Clone)]
+enum Ask {
+    /// The tasks asked about, as runs of task numbers.
+    Runs {
+        requesting_task_id: i32,
+        incarnations: Option<xla::Incarnations>,
+        set: TaskSet,
+    },
+    /// As it came: a list this replica could not read as tasks of its job (the leader says why).
+    Listed(xla::GetAliveTasksRequest),
+}
+
+impl Ask {
+    fn requesting_task_id(&self) -> i32 {
+        match self {
+            Ask::Runs {
+                requesting_task_id, ..
+            } => *requesting_task_id,
+            Ask::Listed(m) => m.requesting_task_id,
+        }
+    }
+
+    fn incarnations(&self) -> Option<&xla::Incarnations> {
+        match self {
+            Ask::Runs { incarnations, .. } => incarnations.as_ref(),
+            Ask::Listed(m) => m.incarnations.as_ref(),
+        }
+    }
+
+    /// The request on jaxlib's wire, to forward to the leader.
+    fn into_request(self) -> xla::GetAliveTasksRequest {
+        match self {
+            Ask::Runs {
+                requesting_task_id,
+                incarnations,
+                set,
+            } => xla::GetAliveTasksRequest {
+                requesting_task_id,
+                task_ids: set.iter().map(|t| id_of(&t)).collect(),
+                incarnations,
+            },
+            Ask::Listed(m) => m,
+        }
+    }
 }
 
 impl XlaService {
@@ -36,6 +89,14 @@ impl XlaService {
             "requesting_task_id",
             req.get_ref().requesting_task_id,
         )?;
+        let req = req.map(|m| match self.task_set(&m.task_ids, "task_ids") {
+            Ok(set) => Ask::Runs {
+                requesting_task_id: m.requesting_task_id,
+                incarnations: m.incarnations,
+                set,
+            },
+            Err(_) => Ask::Listed(m),
+        });
         let this = self;
         let routed = self
             .router
@@ -43,11 +104,14 @@ impl XlaService {
                 "xla/GetAliveTasks",
                 Kind::Write,
                 req,
-                |m, id| {
+                |ask, id| {
                     served(async move {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let source = this.task(m.requesting_task_id, "requesting_task_id")?;
-                        let set = this.task_set(&m.task_ids, "task_ids")?;
+                        this.check_incarnation(ask.incarnations())?;
+                        let source = this.task(ask.requesting_task_id(), "requesting_task_id")?;
+                        let set = match ask {
+                            Ask::Runs { set, .. } => set,
+                            Ask::Listed(m) => this.task_set(&m.task_ids, "task_ids")?,
+                        };
                         let alive = this.coord.get_alive(id, source, set).await?;
                         Ok(Routed::Shared(this.alive.of(&alive, |alive| {
                             AnswerBytes::encode(&xla::GetAliveTasksResponse {
@@ -58,7 +122,7 @@ impl XlaService {
                     })
                 },
                 |ch, r| async move {
-                    let answer = client(ch).get_alive_tasks(r).await?;
+                    let answer = client(ch).get_alive_tasks(r.map(Ask::into_request)).await?;
                     Ok(answer.map(Routed::Relayed))
                 },
             )
