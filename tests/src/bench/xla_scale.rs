@@ -129,6 +129,8 @@ pub struct Measured {
     pub alive_log: LogGrowth,
     pub leader_rss_before: u64,
     pub leader_rss_registered: u64,
+    /// With every GetAliveTasks call but the last parked.
+    pub leader_rss_parked: u64,
     pub leader_rss_after: u64,
     pub elections: u64,
 }
@@ -332,6 +334,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     )
     .await
     .map_err(|e| wrote(e, before_alive, alive_started))?;
+    let leader_rss_parked = rss_bytes(pid).unwrap_or(0);
     let last_call = Instant::now();
     let (alive_wire_bytes, decoded, answered) = within("GetAliveTasks", &still_leading, async {
         let mut bytes = 0;
@@ -383,6 +386,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         alive_log,
         leader_rss_before,
         leader_rss_registered,
+        leader_rss_parked,
         leader_rss_after,
         elections: after.term - term_before,
     })
@@ -522,14 +526,23 @@ fn print(runs: &[Measured], no_gzip: bool) {
         log_cell(&m.alive_log, Some(m.tasks))
     });
     row(
-        "leader RSS: before, heartbeating, after GetAliveTasks",
+        "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, after",
         &|m| {
-            let (a, b, c) = (
+            let [a, b, c, d] = [
                 m.leader_rss_before,
                 m.leader_rss_registered,
+                m.leader_rss_parked,
                 m.leader_rss_after,
-            );
-            format!("{:.0} -> {:.0} -> {:.0} MiB", mib(a), mib(b), mib(c))
+            ]
+            .map(mib);
+            format!("{a:.0} -> {b:.0} -> {c:.0} -> {d:.0} MiB")
+        },
+    );
+    row(
+        "... per parked GetAliveTasks call, over heartbeating",
+        &|m| {
+            let grown = m.leader_rss_parked.saturating_sub(m.leader_rss_registered);
+            format!("{:.1} KB", grown as f64 / (m.tasks.max(2) - 1) as f64 / 1e3)
         },
     );
     row("elections (a leader change fails the size)", &|m| {
