@@ -18,6 +18,7 @@
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
 //! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
 //! - [`shared_answer`]: answers every task gets alike, sent from one buffer (gzipped once).
+//! - [`deferred`]: a call that waits answers after its headers, keeping only its own future.
 //! - [`value_answers`]: large key-value answers many tasks read alike, encoded once.
 
 /// Routes a call of `$self.router` as `$kind` under the name `$name` (its metrics label): `$local`
@@ -43,6 +44,7 @@ macro_rules! routed {
 pub mod admin;
 pub mod backup;
 pub mod coordination;
+pub mod deferred;
 pub mod dispatcher;
 pub mod http;
 pub mod kv;

@@ -1,6 +1,7 @@
 //! The one layer that rewrites responses after the services have answered: tonic's refusal of an
-//! oversized request made `RESOURCE_EXHAUSTED` ([`oversized`](crate::api::oversized)), and a
-//! shared answer sent from its one buffer ([`shared_answer`](crate::api::shared_answer)).
+//! oversized request made `RESOURCE_EXHAUSTED` ([`oversized`](crate::api::oversized)), a
+//! shared answer sent from its one buffer ([`shared_answer`](crate::api::shared_answer)), and a
+//! call that waits answered after its headers ([`deferred`](crate::api::deferred)).
 //!
 //! One layer rather than one per rule: every call, parked ones included, carries each layer's
 //! future for as long as it runs.
@@ -13,7 +14,7 @@ use tonic::body::Body;
 use tonic::codegen::http::{Request, Response};
 use tonic::codegen::Service;
 
-use crate::api::{oversized, shared_answer};
+use crate::api::{deferred, oversized, shared_answer};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RewriteLayer;
@@ -45,11 +46,23 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        use futures::TryFutureExt;
         let gzip = shared_answer::accepts_gzip(request.headers());
-        // A combinator, not an async block: a block awaiting `future` would hold it twice.
-        Box::pin(futures::TryFutureExt::map_ok(
-            self.inner.call(request),
-            move |response| shared_answer::shared(oversized::rewritten(response), gzip),
-        ))
+        // Combinators, not an async block: a block awaiting `future` would hold it twice. A
+        // deferred answer is polled once with the stream task's context: `settle` needs it.
+        Box::pin(
+            self.inner
+                .call(request)
+                .map_ok(move |response| shared_answer::shared(oversized::rewritten(response), gzip))
+                .and_then(move |response| {
+                    let mut response = Some(response);
+                    futures::future::poll_fn(move |cx| {
+                        Poll::Ready(Ok(response
+                            .take()
+                            .map(|r| deferred::settle(r, gzip, cx))
+                            .unwrap_or_default()))
+                    })
+                }),
+        )
     }
 }

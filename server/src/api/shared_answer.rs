@@ -71,6 +71,17 @@ impl AnswerBytes {
         &self.plain[PREFIX..]
     }
 
+    /// The body of an answer of this message: gzip-compressed if `gzip` (the caller accepts it)
+    /// and that saves bytes; whether it is compressed.
+    pub fn frames(&self, gzip: bool) -> (Frames, bool) {
+        // Compressed only for a caller that accepts it: made on first use.
+        let compressed = if gzip { self.gzip() } else { None };
+        match compressed {
+            Some(z) => (frames(z), true),
+            None => (frames(&self.plain), false),
+        }
+    }
+
     /// The message gzip-compressed and framed (None if compressing failed or saved nothing: it
     /// is then sent plain).
     fn gzip(&self) -> Option<&Bytes> {
@@ -141,14 +152,20 @@ pub fn accepts_gzip(headers: &HeaderMap) -> bool {
 }
 
 /// The framed message (compressed or not), then the OK trailers.
-fn frames(framed: &Bytes) -> VecDeque<Frame<Bytes>> {
+fn frames(framed: &Bytes) -> Frames {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    VecDeque::from([Frame::data(framed.clone()), Frame::trailers(trailers)])
+    Frames::of([Frame::data(framed.clone()), Frame::trailers(trailers)])
 }
 
-/// Yields its frames, then ends.
-struct Frames(VecDeque<Frame<Bytes>>);
+/// A body that yields its frames, then ends.
+pub struct Frames(VecDeque<Frame<Bytes>>);
+
+impl Frames {
+    pub fn of<const N: usize>(frames: [Frame<Bytes>; N]) -> Self {
+        Self(VecDeque::from(frames))
+    }
+}
 
 impl http_body::Body for Frames {
     type Data = Bytes;
@@ -171,17 +188,19 @@ pub fn shared(mut response: Response<Body>, gzip: bool) -> Response<Body> {
     let Some(SharedAnswer(answer)) = response.extensions_mut().remove::<SharedAnswer>() else {
         return response;
     };
-    let compressed = if gzip { answer.gzip() } else { None };
-    let body = match compressed {
-        Some(z) => {
-            response
-                .headers_mut()
-                .insert("grpc-encoding", HeaderValue::from_static("gzip"));
-            frames(z)
-        }
-        None => frames(&answer.plain),
-    };
-    *response.body_mut() = Body::new(Frames(body));
+    answered(response, &answer, gzip)
+}
+
+/// `response` with `answer` as its body: gzipped if `gzip` (the caller accepts it) and that
+/// saves bytes, the header saying so.
+pub fn answered(mut response: Response<Body>, answer: &AnswerBytes, gzip: bool) -> Response<Body> {
+    let (body, compressed) = answer.frames(gzip);
+    if compressed {
+        response
+            .headers_mut()
+            .insert("grpc-encoding", HeaderValue::from_static("gzip"));
+    }
+    *response.body_mut() = Body::new(body);
     response
 }
 

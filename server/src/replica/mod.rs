@@ -330,7 +330,7 @@ impl Replica {
         };
 
         let request_limit = this.args.max_value_bytes + this.args.max_key_bytes + (64 << 10);
-        let tf = CoordinationServiceServer::new(TfService::new(
+        let tf = CoordinationServiceServer::from_arc(TfService::new(
             this.router.clone(),
             this.kv.clone(),
             this.coord.clone(),
@@ -343,7 +343,7 @@ impl Replica {
             .xla_job
             .clone()
             .or_else(|| this.args.jobs.first().map(|(j, _)| j.clone()));
-        let xla = XlaServer::new(XlaService::new(
+        let xla = XlaServer::from_arc(XlaService::new(
             this.router.clone(),
             this.kv.clone(),
             this.coord.clone(),

@@ -306,136 +306,142 @@ impl Router {
         })
     }
 
-    async fn drive<Req, Resp, L, LF, R, RF>(
-        &self,
+    /// Not an `async fn`: one keeps its arguments beside the copies its body makes, and a parked
+    /// call keeps this future for as long as it waits.
+    #[allow(clippy::manual_async_fn)]
+    fn drive<'s, Req, Resp, L, LF, R, RF>(
+        &'s self,
         call: Call,
         msg: Req,
         given_id: Option<RequestId>,
         local: L,
         remote: R,
-    ) -> Result<Resp, Status>
+    ) -> impl Future<Output = Result<Resp, Status>> + 's
     where
-        Req: Clone,
-        L: Fn(Req, Option<RequestId>) -> LF,
-        LF: Future<Output = Result<Resp, CoordError>>,
-        R: Fn(PeerChannel, Request<Req>) -> RF,
-        RF: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Clone + 's,
+        Resp: 's,
+        L: Fn(Req, Option<RequestId>) -> LF + 's,
+        LF: Future<Output = Result<Resp, CoordError>> + 's,
+        R: Fn(PeerChannel, Request<Req>) -> RF + 's,
+        RF: Future<Output = Result<Response<Resp>, Status>> + 's,
     {
-        let Call {
-            kind,
-            waits,
-            patient,
-            forwarded,
-        } = call;
-        // A write that arrived without an id gets one of ours; the ticket lives as long as we
-        // drive the request.
-        let ticket = (kind == Kind::Write && given_id.is_none()).then(|| self.session.begin());
-        let id = given_id.or(ticket.as_ref().map(|t| request_id::to_request_id(&t.id)));
+        async move {
+            let Call {
+                kind,
+                waits,
+                patient,
+                forwarded,
+            } = call;
+            // A write that arrived without an id gets one of ours; the ticket lives as long as we
+            // drive the request.
+            let ticket = (kind == Kind::Write && given_id.is_none()).then(|| self.session.begin());
+            let id = given_id.or(ticket.as_ref().map(|t| request_id::to_request_id(&t.id)));
 
-        let mut failing_since: Option<Instant> = None;
-        let mut leaderless_since: Option<Instant> = None;
-        let mut backoff = FIRST_BACKOFF;
-        loop {
-            let seen = self.leader.current();
-            let failure: Status = match &seen {
-                Leadership::Me => {
-                    // If leadership lapses mid-call, the outcome is left to the log and the call is
-                    // driven again (same request id) wherever leadership went.
-                    let outcome = tokio::select! {
-                        r = async {
-                            self.check_namespace(kind)?;
-                            local(msg.clone(), id).await
-                        } => r,
-                        () = self.leader.lost() => Err(CoordError::LeaderChanged),
-                    };
-                    match outcome {
-                        Ok(resp) => return Ok(resp),
-                        Err(e) if e.is_retryable() && !forwarded => e.into(),
-                        Err(e) => return Err(self.with_hint(e.into())),
-                    }
-                }
-                Leadership::Other { id: leader, addr } => {
-                    if forwarded {
-                        // The sender believed we lead; tell it who does instead of bouncing on.
-                        return Err(CoordError::NotLeader {
-                            me: self.me,
-                            leader: Some((*leader, addr.clone())),
+            let mut failing_since: Option<Instant> = None;
+            let mut leaderless_since: Option<Instant> = None;
+            let mut backoff = FIRST_BACKOFF;
+            loop {
+                let seen = self.leader.current();
+                let failure: Status = match &seen {
+                    Leadership::Me => {
+                        // If leadership lapses mid-call, the outcome is left to the log and the call is
+                        // driven again (same request id) wherever leadership went.
+                        let outcome = tokio::select! {
+                            r = async {
+                                self.check_namespace(kind)?;
+                                local(msg.clone(), id).await
+                            } => r,
+                            () = self.leader.lost() => Err(CoordError::LeaderChanged),
+                        };
+                        match outcome {
+                            Ok(resp) => return Ok(resp),
+                            Err(e) if e.is_retryable() && !forwarded => e.into(),
+                            Err(e) => return Err(self.with_hint(e.into())),
                         }
-                        .into());
                     }
-                    // A forward lives only as long as this replica believes in that leader: one
-                    // that lost its leader (a one-way partition, a leader that stopped answering)
-                    // drives the request again instead of waiting on a call that may never come
-                    // back. The request id makes the second attempt safe.
-                    let patience = if waits {
-                        FOREVER
-                    } else {
-                        QUICK_FORWARD_TIMEOUT
-                    };
-                    // Boxed: a tonic call's state is several KiB, and a call parked on the
-                    // leader would otherwise carry room for it.
-                    let outcome = tokio::select! {
-                        r = Box::pin(self.forward(addr, &msg, id, &remote)) => r,
-                        () = tokio::time::sleep(patience) => {
-                            let s = Status::unavailable(format!(
-                                "replica {} got no answer from leader {leader} within {} ms; try another replica",
-                                self.me,
-                                patience.as_millis()
-                            ));
-                            if !patient {
-                                return Err(s);
+                    Leadership::Other { id: leader, addr } => {
+                        if forwarded {
+                            // The sender believed we lead; tell it who does instead of bouncing on.
+                            return Err(CoordError::NotLeader {
+                                me: self.me,
+                                leader: Some((*leader, addr.clone())),
                             }
-                            Err(s)
+                            .into());
                         }
-                        now = self.leader.changed_from(&seen, Instant::now() + FOREVER) => Err(Status::unavailable(format!(
-                            "the leader this replica forwarded to is no longer its leader (now {now:?})"
-                        ))),
-                    };
-                    match outcome {
-                        Ok(resp) => return Ok(resp),
-                        Err(s) if coord_proto::metadata::is_retryable(&s) => s,
-                        Err(s) => return Err(s),
-                    }
-                }
-                Leadership::Unknown => {
-                    if forwarded {
-                        return Err(CoordError::NotLeader {
-                            me: self.me,
-                            leader: None,
+                        // A forward lives only as long as this replica believes in that leader: one
+                        // that lost its leader (a one-way partition, a leader that stopped answering)
+                        // drives the request again instead of waiting on a call that may never come
+                        // back. The request id makes the second attempt safe.
+                        let patience = if waits {
+                            FOREVER
+                        } else {
+                            QUICK_FORWARD_TIMEOUT
+                        };
+                        // Boxed: a tonic call's state is several KiB, and a call parked on the
+                        // leader would otherwise carry room for it.
+                        let outcome = tokio::select! {
+                            r = Box::pin(self.forward(addr, &msg, id, &remote)) => r,
+                            () = tokio::time::sleep(patience) => {
+                                let s = Status::unavailable(format!(
+                                    "replica {} got no answer from leader {leader} within {} ms; try another replica",
+                                    self.me,
+                                    patience.as_millis()
+                                ));
+                                if !patient {
+                                    return Err(s);
+                                }
+                                Err(s)
+                            }
+                            now = self.leader.changed_from(&seen, Instant::now() + FOREVER) => Err(Status::unavailable(format!(
+                                "the leader this replica forwarded to is no longer its leader (now {now:?})"
+                            ))),
+                        };
+                        match outcome {
+                            Ok(resp) => return Ok(resp),
+                            Err(s) if coord_proto::metadata::is_retryable(&s) => s,
+                            Err(s) => return Err(s),
                         }
-                        .into());
                     }
-                    Status::unavailable("no leader is elected")
+                    Leadership::Unknown => {
+                        if forwarded {
+                            return Err(CoordError::NotLeader {
+                                me: self.me,
+                                leader: None,
+                            }
+                            .into());
+                        }
+                        Status::unavailable("no leader is elected")
+                    }
+                };
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                // A patient call is held until a leader serves it or its client gives up (and drops
+                // the call).
+                let wait = if patient { FOREVER } else { self.leader_wait };
+                let mut give_up_at = since + wait;
+                if seen == Leadership::Unknown && !patient {
+                    // Without a leader in sight for a while, this replica is likely cut off (a
+                    // candidate that cannot win); the client does better trying another replica.
+                    give_up_at = give_up_at
+                        .min(*leaderless_since.get_or_insert_with(Instant::now) + NO_LEADER_WAIT);
+                } else {
+                    leaderless_since = None;
                 }
-            };
-            let since = *failing_since.get_or_insert_with(Instant::now);
-            // A patient call is held until a leader serves it or its client gives up (and drops
-            // the call).
-            let wait = if patient { FOREVER } else { self.leader_wait };
-            let mut give_up_at = since + wait;
-            if seen == Leadership::Unknown && !patient {
-                // Without a leader in sight for a while, this replica is likely cut off (a
-                // candidate that cannot win); the client does better trying another replica.
-                give_up_at = give_up_at
-                    .min(*leaderless_since.get_or_insert_with(Instant::now) + NO_LEADER_WAIT);
-            } else {
-                leaderless_since = None;
-            }
-            if Instant::now() >= give_up_at {
-                return Err(Status::unavailable(format!(
+                if Instant::now() >= give_up_at {
+                    return Err(Status::unavailable(format!(
                     "no leader could serve the request for {} ms (replica {} sees: {:?}); last error: {}",
                     self.leader_wait.as_millis(),
                     self.me,
                     seen,
                     failure.message()
                 )));
-            }
-            let wake_at = (Instant::now() + backoff).min(give_up_at);
-            let next = self.leader.changed_from(&seen, wake_at).await;
-            if next == seen {
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            } else {
-                backoff = FIRST_BACKOFF;
+                }
+                let wake_at = (Instant::now() + backoff).min(give_up_at);
+                let next = self.leader.changed_from(&seen, wake_at).await;
+                if next == seen {
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                } else {
+                    backoff = FIRST_BACKOFF;
+                }
             }
         }
     }

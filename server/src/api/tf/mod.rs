@@ -48,6 +48,8 @@ carries_values!(
 const DEVICE_ATTRIBUTES_URL: &str = "type.googleapis.com/tensorflow.DeviceAttributes";
 
 pub struct TfService {
+    /// Itself, for the futures of deferred calls (see `api::deferred`), which outlive a handler.
+    me: std::sync::Weak<TfService>,
     router: Arc<Router>,
     kv: Arc<KvCore>,
     coord: Arc<CoordCore>,
@@ -121,14 +123,20 @@ impl AnswerForm {
 }
 
 impl TfService {
-    pub fn new(router: Arc<Router>, kv: Arc<KvCore>, coord: Arc<CoordCore>) -> Self {
-        Self {
+    pub fn new(router: Arc<Router>, kv: Arc<KvCore>, coord: Arc<CoordCore>) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             router,
             kv,
             coord,
             values: ValueAnswers::default(),
             answers: Mutex::new(Vec::new()),
-        }
+        })
+    }
+
+    /// This service, owned: what a deferred call's future holds (it outlives the handler).
+    fn owned(&self) -> Result<Arc<Self>, tonic::Status> {
+        crate::api::deferred::owned(&self.me)
     }
 
     /// The answer's device fields for `form`: encoded on the first call for this device list,

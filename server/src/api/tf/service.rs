@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::waits::Answer;
 use super::{client, entry, propagated, refused_registration, served, TfService};
+use crate::api::deferred;
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{state_to, task_from, task_to, tasks_from};
 use crate::error::{grpc_code, CoordError};
@@ -289,22 +290,11 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::GetKeyValueRequest>,
     ) -> Result<Response<tf::GetKeyValueResponse>, Status> {
-        let kv = &*self.kv;
-        self.router
-            .route(
-                "GetKeyValue",
-                Kind::Read,
-                req,
-                |m, _| async move {
-                    let (_, value) = kv.get(&m.key).await?;
-                    Ok(tf::GetKeyValueResponse {
-                        kv: Some(entry(m.key, value)),
-                    })
-                },
-                |ch, r| async move { client(ch).get_key_value(r).await },
-            )
-            .await
-            .map(|a| self.values.attach("GetKeyValue", a))
+        // It may wait: answered after its headers (see `api::deferred`).
+        let this = self.owned()?;
+        Ok(deferred::defer(async move {
+            this.get_key_value_routed(req).await
+        }))
     }
 
     async fn try_get_key_value(
@@ -449,6 +439,75 @@ impl CoordinationService for TfService {
         &self,
         req: Request<tf::GetAliveTasksRequest>,
     ) -> Result<Response<tf::GetAliveTasksResponse>, Status> {
+        // It may wait: answered after its headers (see `api::deferred`).
+        let this = self.owned()?;
+        Ok(deferred::defer(async move {
+            this.get_alive_tasks_routed(req).await
+        }))
+    }
+
+    async fn poll_for_error(
+        &self,
+        req: Request<tf::PollForErrorRequest>,
+    ) -> Result<Response<tf::PollForErrorResponse>, Status> {
+        // It may wait: answered after its headers (see `api::deferred`).
+        let this = self.owned()?;
+        Ok(deferred::defer(async move {
+            this.poll_for_error_routed(req).await
+        }))
+    }
+}
+
+/// A task's record as TensorFlow reports it; `asked` is the task as the request named it (its
+/// `recoverable` flag is echoed, as TF's service does).
+fn task_state_info(
+    t: &coord_raft_store::state::TaskName,
+    r: &coord_raft_store::state::TaskRecord,
+    asked: Option<&tf::CoordinatedTask>,
+) -> tf::CoordinatedTaskStateInfo {
+    let e = r.error.as_ref();
+    tf::CoordinatedTaskStateInfo {
+        task: Some(asked.cloned().unwrap_or_else(|| task_to(t))),
+        incarnation: r.incarnation,
+        state: state_to(r.state) as i32,
+        error_code: e.map_or(0, |e| grpc_code(e.code) as i32),
+        error_message: e.map_or_else(String::new, |e| e.message.clone()),
+        // As TensorFlow's service describes a task's error: the task itself, not "reported".
+        error_payload: e.map(|_| tf::CoordinationServiceError {
+            is_reported_error: false,
+            source_task: Some(task_to(t)),
+        }),
+    }
+}
+
+/// The calls that may wait, as the router drives them; the trait's methods defer them.
+impl TfService {
+    async fn get_key_value_routed(
+        &self,
+        req: Request<tf::GetKeyValueRequest>,
+    ) -> Result<Response<tf::GetKeyValueResponse>, Status> {
+        let kv = &*self.kv;
+        self.router
+            .route(
+                "GetKeyValue",
+                Kind::Read,
+                req,
+                |m, _| async move {
+                    let (_, value) = kv.get(&m.key).await?;
+                    Ok(tf::GetKeyValueResponse {
+                        kv: Some(entry(m.key, value)),
+                    })
+                },
+                |ch, r| async move { client(ch).get_key_value(r).await },
+            )
+            .await
+            .map(|a| self.values.attach("GetKeyValue", a))
+    }
+
+    async fn get_alive_tasks_routed(
+        &self,
+        req: Request<tf::GetAliveTasksRequest>,
+    ) -> Result<Response<tf::GetAliveTasksResponse>, Status> {
         self.router.check_task(
             &req,
             "GetAliveTasks",
@@ -482,7 +541,7 @@ impl CoordinationService for TfService {
             .await
     }
 
-    async fn poll_for_error(
+    async fn poll_for_error_routed(
         &self,
         req: Request<tf::PollForErrorRequest>,
     ) -> Result<Response<tf::PollForErrorResponse>, Status> {
@@ -509,27 +568,5 @@ impl CoordinationService for TfService {
                 |ch, r| async move { client(ch).poll_for_error(r).await },
             )
             .await
-    }
-}
-
-/// A task's record as TensorFlow reports it; `asked` is the task as the request named it (its
-/// `recoverable` flag is echoed, as TF's service does).
-fn task_state_info(
-    t: &coord_raft_store::state::TaskName,
-    r: &coord_raft_store::state::TaskRecord,
-    asked: Option<&tf::CoordinatedTask>,
-) -> tf::CoordinatedTaskStateInfo {
-    let e = r.error.as_ref();
-    tf::CoordinatedTaskStateInfo {
-        task: Some(asked.cloned().unwrap_or_else(|| task_to(t))),
-        incarnation: r.incarnation,
-        state: state_to(r.state) as i32,
-        error_code: e.map_or(0, |e| grpc_code(e.code) as i32),
-        error_message: e.map_or_else(String::new, |e| e.message.clone()),
-        // As TensorFlow's service describes a task's error: the task itself, not "reported".
-        error_payload: e.map(|_| tf::CoordinationServiceError {
-            is_reported_error: false,
-            source_task: Some(task_to(t)),
-        }),
     }
 }

@@ -10,6 +10,7 @@ use coord_proto::tensorflow as tf;
 use tonic::{Request, Response, Status};
 
 use super::{client, devices_of, served, AnswerForm, TfService};
+use crate::api::deferred;
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{task_from, tasks_from};
 use crate::serve::route::Kind;
@@ -25,44 +26,50 @@ impl TfService {
         &self,
         req: Request<tf::WaitForAllTasksRequest>,
     ) -> Answer<'_, tf::WaitForAllTasksResponse> {
-        if let Err(s) = self.router.check_task(
+        let checked = self.router.check_task(
             &req,
             "WaitForAllTasks",
             "source_task",
             req.get_ref().source_task.as_ref(),
-        ) {
-            return Box::pin(std::future::ready(Err(s)));
-        }
-        let core = &*self.coord;
-        let this = self;
-        let routed = self.router.route(
-            "WaitForAllTasks",
-            Kind::Write,
-            req,
-            move |m, id| {
-                served(async move {
-                    let task = task_from(m.source_task.as_ref(), "source_task")?;
-                    let form = AnswerForm::of(&m);
-                    let (leader_incarnation, all) =
-                        core.wait_for_all(id, task, devices_of(&m)?).await?;
-                    Ok(tf::WaitForAllTasksResponse {
-                        leader_incarnation,
-                        encoded: this.device_fields(form, &all)?,
-                        ..Default::default()
-                    })
-                })
-            },
-            |ch, r| async move { client(ch).wait_for_all_tasks(r).await },
         );
-        // A combinator, not an async block: awaiting `routed` in a block would hold it twice.
-        Box::pin(futures::FutureExt::map(routed, move |answer| {
-            let mut answer = answer?;
+        let owned = match checked.and_then(|()| self.owned()) {
+            Ok(owned) => owned,
+            Err(s) => return Box::pin(std::future::ready(Err(s))),
+        };
+        // Answered after its headers (see `api::deferred`): the call's own future is all a parked
+        // call keeps.
+        Box::pin(std::future::ready(Ok(deferred::defer(async move {
+            let this = &*owned;
+            let core = &*this.coord;
+            // Awaited in place, never bound to a local (see `Router::route`).
+            let mut answer = this
+                .router
+                .route(
+                    "WaitForAllTasks",
+                    Kind::Write,
+                    req,
+                    move |m, id| {
+                        served(async move {
+                            let task = task_from(m.source_task.as_ref(), "source_task")?;
+                            let form = AnswerForm::of(&m);
+                            let (leader_incarnation, all) =
+                                core.wait_for_all(id, task, devices_of(&m)?).await?;
+                            Ok(tf::WaitForAllTasksResponse {
+                                leader_incarnation,
+                                encoded: this.device_fields(form, &all)?,
+                                ..Default::default()
+                            })
+                        })
+                    },
+                    |ch, r| async move { client(ch).wait_for_all_tasks(r).await },
+                )
+                .await?;
             // Sent from the one buffer every task's answer shares (see `api::shared_answer`).
             if let Some(shared) = this.shared_answer(answer.get_ref()) {
                 answer.extensions_mut().insert(shared);
             }
             Ok(answer)
-        }))
+        }))))
     }
 
     /// Barrier: the instance's counter once every participant has arrived.
@@ -70,42 +77,49 @@ impl TfService {
         &self,
         req: Request<tf::BarrierRequest>,
     ) -> Answer<'_, tf::BarrierResponse> {
-        if let Err(s) = self.router.check_task(
+        let checked = self.router.check_task(
             &req,
             "Barrier",
             "source_task",
             req.get_ref().source_task.as_ref(),
-        ) {
-            return Box::pin(std::future::ready(Err(s)));
-        }
-        let core = &*self.coord;
-        Box::pin(self.router.route(
-            "Barrier",
-            Kind::Write,
-            req,
-            move |m, id| async move {
-                let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                // Awaited in place, never bound to a local (see `Router::route`).
-                match async {
-                    let source = task_from(m.source_task.as_ref(), "source_task")?;
-                    let tasks = tasks_from(&m.tasks, "tasks")?;
-                    core.barrier(
-                        id,
-                        m.barrier_id,
-                        m.counter,
-                        tasks,
-                        m.barrier_timeout_in_ms,
-                        source,
-                    )
-                    .await
-                }
+        );
+        let owned = match checked.and_then(|()| self.owned()) {
+            Ok(owned) => owned,
+            Err(s) => return Box::pin(std::future::ready(Err(s))),
+        };
+        Box::pin(std::future::ready(Ok(deferred::defer(async move {
+            let core = &*owned.coord;
+            owned
+                .router
+                .route(
+                    "Barrier",
+                    Kind::Write,
+                    req,
+                    move |m, id| async move {
+                        let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
+                        // Awaited in place, never bound to a local (see `Router::route`).
+                        match async {
+                            let source = task_from(m.source_task.as_ref(), "source_task")?;
+                            let tasks = tasks_from(&m.tasks, "tasks")?;
+                            core.barrier(
+                                id,
+                                m.barrier_id,
+                                m.counter,
+                                tasks,
+                                m.barrier_timeout_in_ms,
+                                source,
+                            )
+                            .await
+                        }
+                        .await
+                        {
+                            Ok(counter) => Ok(tf::BarrierResponse { counter }),
+                            Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                        }
+                    },
+                    |ch, r| async move { client(ch).barrier(r).await },
+                )
                 .await
-                {
-                    Ok(counter) => Ok(tf::BarrierResponse { counter }),
-                    Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                }
-            },
-            |ch, r| async move { client(ch).barrier(r).await },
-        ))
+        }))))
     }
 }

@@ -38,6 +38,8 @@ use crate::serve::route::Router;
 use errors::{detailed, refused, service_mismatch};
 
 pub struct XlaService {
+    /// Itself, for the futures of deferred calls (see `api::deferred`), which outlive a handler.
+    me: std::sync::Weak<XlaService>,
     router: Arc<Router>,
     kv: Arc<KvCore>,
     coord: Arc<CoordCore>,
@@ -83,15 +85,21 @@ impl XlaService {
         kv: Arc<KvCore>,
         coord: Arc<CoordCore>,
         job: Option<String>,
-    ) -> Self {
-        Self {
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             router,
             kv,
             coord,
             values: Default::default(),
             alive: Default::default(),
             job,
-        }
+        })
+    }
+
+    /// This service, owned: what a deferred call's future holds (it outlives the handler).
+    fn owned(&self) -> Result<Arc<Self>, Status> {
+        crate::api::deferred::owned(&self.me)
     }
 
     /// The XLA job's name and task count, from the replicated configuration. In a named

@@ -6,6 +6,7 @@ use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
 use super::errors::{barrier_error, error_payload, id_of, polled};
+use crate::api::deferred;
 use crate::error::{grpc_code, CoordError};
 use crate::serve::route::Kind;
 
@@ -192,25 +193,11 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::GetKeyValueRequest>,
     ) -> Result<Response<xla::GetKeyValueResponse>, Status> {
-        let this = self;
-        self.router
-            .route(
-                "xla/GetKeyValue",
-                Kind::Read,
-                req,
-                |m, _| {
-                    served(async move {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let (key, value) = this.kv.get(&m.key).await?;
-                        Ok(xla::GetKeyValueResponse {
-                            kv: Some(entry(key, value)),
-                        })
-                    })
-                },
-                |ch, r| async move { client(ch).get_key_value(r).await },
-            )
-            .await
-            .map(|a| self.values.attach("xla/GetKeyValue", a))
+        // It may wait: answered after its headers (see `api::deferred`).
+        let this = self.owned()?;
+        Ok(deferred::defer(async move {
+            this.get_key_value_routed(req).await
+        }))
     }
 
     async fn try_get_key_value(
@@ -328,43 +315,51 @@ impl CoordinationService for XlaService {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        if let Err(s) = self.acting_as(
+        let checked = self.acting_as(
             &req,
             "xla/Barrier",
             "source_task_id",
             req.get_ref().source_task_id,
-        ) {
-            return Box::pin(std::future::ready(Err(s)));
-        }
-        let this = self;
-        Box::pin(self.router.route(
-            "xla/Barrier",
-            Kind::Write,
-            req,
-            move |m, id| async move {
-                let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                let passed = async {
-                    this.check_incarnation(m.incarnations.as_ref())?;
-                    let source = this.task(m.source_task_id, "source_task_id")?;
-                    let tasks = this.tasks(&m.task_ids, "task_ids")?;
-                    this.coord
-                        .barrier(
-                            id,
-                            m.barrier_id,
-                            m.counter,
-                            tasks,
-                            m.barrier_timeout_in_ms,
-                            source,
-                        )
-                        .await
-                };
-                match passed.await {
-                    Ok(counter) => Ok(xla::BarrierResponse { counter }),
-                    Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                }
-            },
-            |ch, r| async move { client(ch).barrier(r).await },
-        ))
+        );
+        let owned = match checked.and_then(|()| self.owned()) {
+            Ok(owned) => owned,
+            Err(s) => return Box::pin(std::future::ready(Err(s))),
+        };
+        // Answered after its headers (see `api::deferred`); awaited in place, never bound to a
+        // local (see `Router::route`).
+        Box::pin(std::future::ready(Ok(deferred::defer(async move {
+            let this = &*owned;
+            this.router
+                .route(
+                    "xla/Barrier",
+                    Kind::Write,
+                    req,
+                    move |m, id| async move {
+                        let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
+                        let passed = async {
+                            this.check_incarnation(m.incarnations.as_ref())?;
+                            let source = this.task(m.source_task_id, "source_task_id")?;
+                            let tasks = this.tasks(&m.task_ids, "task_ids")?;
+                            this.coord
+                                .barrier(
+                                    id,
+                                    m.barrier_id,
+                                    m.counter,
+                                    tasks,
+                                    m.barrier_timeout_in_ms,
+                                    source,
+                                )
+                                .await
+                        };
+                        match passed.await {
+                            Ok(counter) => Ok(xla::BarrierResponse { counter }),
+                            Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                        }
+                    },
+                    |ch, r| async move { client(ch).barrier(r).await },
+                )
+                .await
+        }))))
     }
 
     async fn cancel_barrier(
@@ -406,37 +401,22 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::GetAliveTasksRequest>,
     ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
-        self.get_alive_call(req).await
+        // It waits for the set: answered after its headers (see `api::deferred`).
+        let this = self.owned()?;
+        Ok(deferred::defer(
+            async move { this.get_alive_call(req).await },
+        ))
     }
 
     async fn poll_for_error(
         &self,
         req: Request<xla::PollForErrorRequest>,
     ) -> Result<Response<xla::PollForErrorResponse>, Status> {
-        self.acting_as(
-            &req,
-            "xla/PollForError",
-            "source_task_id",
-            req.get_ref().source_task_id,
-        )?;
-        let this = self;
-        self.router
-            .route(
-                "xla/PollForError",
-                Kind::Read,
-                req,
-                |m, _| {
-                    served(async move {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let task = this.task(m.source_task_id, "source_task_id")?;
-                        let e = this.coord.poll_error_since_register(task).await?;
-                        // The error is the answer: the poll ends with it.
-                        Err::<xla::PollForErrorResponse, _>(polled(&e))
-                    })
-                },
-                |ch, r| async move { client(ch).poll_for_error(r).await },
-            )
-            .await
+        // It may wait: answered after its headers (see `api::deferred`).
+        let this = self.owned()?;
+        Ok(deferred::defer(async move {
+            this.poll_for_error_routed(req).await
+        }))
     }
 
     async fn report_error_to_service(
@@ -466,6 +446,64 @@ impl CoordinationService for XlaService {
                     })
                 },
                 |ch, r| async move { client(ch).report_error_to_service(r).await },
+            )
+            .await
+    }
+}
+
+/// The calls that may wait, as the router drives them; the trait's methods defer them.
+impl XlaService {
+    async fn get_key_value_routed(
+        &self,
+        req: Request<xla::GetKeyValueRequest>,
+    ) -> Result<Response<xla::GetKeyValueResponse>, Status> {
+        let this = self;
+        self.router
+            .route(
+                "xla/GetKeyValue",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let (key, value) = this.kv.get(&m.key).await?;
+                        Ok(xla::GetKeyValueResponse {
+                            kv: Some(entry(key, value)),
+                        })
+                    })
+                },
+                |ch, r| async move { client(ch).get_key_value(r).await },
+            )
+            .await
+            .map(|a| self.values.attach("xla/GetKeyValue", a))
+    }
+
+    async fn poll_for_error_routed(
+        &self,
+        req: Request<xla::PollForErrorRequest>,
+    ) -> Result<Response<xla::PollForErrorResponse>, Status> {
+        self.acting_as(
+            &req,
+            "xla/PollForError",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        )?;
+        let this = self;
+        self.router
+            .route(
+                "xla/PollForError",
+                Kind::Read,
+                req,
+                |m, _| {
+                    served(async move {
+                        this.check_incarnation(m.incarnations.as_ref())?;
+                        let task = this.task(m.source_task_id, "source_task_id")?;
+                        let e = this.coord.poll_error_since_register(task).await?;
+                        // The error is the answer: the poll ends with it.
+                        Err::<xla::PollForErrorResponse, _>(polled(&e))
+                    })
+                },
+                |ch, r| async move { client(ch).poll_for_error(r).await },
             )
             .await
     }

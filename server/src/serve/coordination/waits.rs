@@ -11,6 +11,8 @@
 use std::hash::Hash;
 use std::sync::Arc;
 
+use futures::future::Either;
+
 use coord_raft_store::state::{
     alive_wait_key, AliveAnswer, Code, DeviceInfo, ErrorEvent, Outcome, TaskName, TaskRecord,
     TaskSet, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
@@ -218,67 +220,78 @@ impl CoordCore {
 
     /// Records the task's devices and waits until every task has called WaitForAllTasks; returns
     /// the service incarnation and every task's devices in task order.
-    pub async fn wait_for_all(
+    ///
+    /// Not an `async fn`, as [`Self::barrier`]: the task's arrival is built into its commit
+    /// before the future is.
+    pub fn wait_for_all(
         &self,
         id: Option<RequestId>,
         task: TaskName,
         devices: DeviceInfo,
-    ) -> Result<(u64, Arc<Vec<DeviceInfo>>), CoordError> {
-        let (epoch, slot) = self.barrier_slot(|| format!("WaitForAllTasks of {task}"))?;
-        // Awaited on its own, not in the `match` (see `barrier`).
-        let committed = self
-            .commit(id, Op::WaitForAllTasks { task, devices })
-            .await?;
-        let outcome = match committed {
-            Output::Barrier {
-                outcome: Some(o), ..
-            } => o,
-            Output::Barrier {
-                counter,
-                outcome: None,
-            } => {
-                self.await_barrier(WAIT_FOR_ALL_TASKS_BARRIER, counter, epoch, slot)
-                    .await?
-            }
-            other => return Err(unexpected("WaitForAllTasks", &other)),
+    ) -> impl std::future::Future<Output = Result<(u64, Arc<Vec<DeviceInfo>>), CoordError>> + '_
+    {
+        let (epoch, slot) = match self.barrier_slot(|| format!("WaitForAllTasks of {task}")) {
+            Ok(taken) => taken,
+            Err(e) => return Either::Left(std::future::ready(Err(e))),
         };
-        if let Outcome::Failed { code, message } = outcome {
-            return Err(CoordError::status(code, message));
-        }
-        self.reader.read(|a| {
-            let c = a
-                .state
-                .cluster
-                .as_ref()
-                .ok_or(CoordError::from(OpError::NoCluster))?;
-            let at = (
-                namespace::current(),
-                a.applied.last_applied.map_or(0, |l| l.index),
-            );
-            let mut cache = self
-                .devices
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let all = match cache.as_ref() {
-                Some((index, all)) if *index == at => all.clone(),
-                _ => {
-                    let all: Arc<Vec<DeviceInfo>> = Arc::new(
-                        c.tasks
-                            .iter()
-                            .filter_map(|(_, r)| r.devices.clone())
-                            .collect(),
-                    );
-                    *cache = Some((at, all.clone()));
-                    all
+        let arrival = self.commit(id, Op::WaitForAllTasks { task, devices });
+        Either::Right(async move {
+            // Awaited on its own, not in the `match` (see `barrier`).
+            let committed = arrival.await?;
+            let outcome = match committed {
+                Output::Barrier {
+                    outcome: Some(o), ..
+                } => o,
+                Output::Barrier {
+                    counter,
+                    outcome: None,
+                } => {
+                    self.await_barrier(WAIT_FOR_ALL_TASKS_BARRIER, counter, epoch, slot)
+                        .await?
                 }
+                other => return Err(unexpected("WaitForAllTasks", &other)),
             };
-            Ok((c.service_incarnation, all))
+            if let Outcome::Failed { code, message } = outcome {
+                return Err(CoordError::status(code, message));
+            }
+            self.reader.read(|a| {
+                let c = a
+                    .state
+                    .cluster
+                    .as_ref()
+                    .ok_or(CoordError::from(OpError::NoCluster))?;
+                let at = (
+                    namespace::current(),
+                    a.applied.last_applied.map_or(0, |l| l.index),
+                );
+                let mut cache = self
+                    .devices
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let all = match cache.as_ref() {
+                    Some((index, all)) if *index == at => all.clone(),
+                    _ => {
+                        let all: Arc<Vec<DeviceInfo>> = Arc::new(
+                            c.tasks
+                                .iter()
+                                .filter_map(|(_, r)| r.devices.clone())
+                                .collect(),
+                        );
+                        *cache = Some((at, all.clone()));
+                        all
+                    }
+                };
+                Ok((c.service_incarnation, all))
+            })
         })
     }
 
     /// Waits at the barrier; returns the instance's counter when it passes.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn barrier(
+    ///
+    /// Not an `async fn`: one keeps its arguments beside the copies its body makes. Here the
+    /// arrival is built into its (boxed) commit before the future is, so a parked call's future
+    /// holds only the commit's box and what the wait needs.
+    pub fn barrier(
         &self,
         id: Option<RequestId>,
         barrier: String,
@@ -286,37 +299,45 @@ impl CoordCore {
         tasks: Vec<TaskName>,
         timeout_ms: i64,
         source: TaskName,
-    ) -> Result<i64, CoordError> {
+    ) -> impl std::future::Future<Output = Result<i64, CoordError>> + '_ {
         let (epoch, slot) =
-            self.barrier_slot(|| format!("the wait of {source} at barrier {barrier:?}"))?;
-        let op = Op::Barrier {
-            id: barrier.clone(),
-            counter,
-            tasks,
-            timeout_ms,
-            source,
-        };
-        // The commit is awaited on its own: a future in a `match`'s scrutinee would live on
-        // beside the park below, and every parked call would carry both.
-        let committed = self.commit(id, op).await?;
-        let (counter, outcome) = match committed {
-            Output::Barrier {
+            match self.barrier_slot(|| format!("the wait of {source} at barrier {barrier:?}")) {
+                Ok(taken) => taken,
+                Err(e) => return Either::Left(std::future::ready(Err(e))),
+            };
+        let arrival = self.commit(
+            id,
+            Op::Barrier {
+                id: barrier.clone(),
                 counter,
-                outcome: Some(o),
-            } => (counter, o),
-            Output::Barrier {
-                counter,
-                outcome: None,
-            } => (
-                counter,
-                self.await_barrier(&barrier, counter, epoch, slot).await?,
-            ),
-            other => return Err(unexpected("Barrier", &other)),
-        };
-        match outcome {
-            Outcome::Passed => Ok(counter),
-            Outcome::Failed { code, message } => Err(CoordError::status(code, message)),
-        }
+                tasks,
+                timeout_ms,
+                source,
+            },
+        );
+        Either::Right(async move {
+            // The commit is awaited on its own: a future in a `match`'s scrutinee would live on
+            // beside the park below, and every parked call would carry both.
+            let committed = arrival.await?;
+            let (counter, outcome) = match committed {
+                Output::Barrier {
+                    counter,
+                    outcome: Some(o),
+                } => (counter, o),
+                Output::Barrier {
+                    counter,
+                    outcome: None,
+                } => (
+                    counter,
+                    self.await_barrier(&barrier, counter, epoch, slot).await?,
+                ),
+                other => return Err(unexpected("Barrier", &other)),
+            };
+            match outcome {
+                Outcome::Passed => Ok(counter),
+                Outcome::Failed { code, message } => Err(CoordError::status(code, message)),
+            }
+        })
     }
 
     pub async fn cancel_barrier(
