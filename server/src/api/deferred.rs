@@ -43,6 +43,21 @@ impl Deferred {
     }
 }
 
+/// A value a deferred call's future hands on once (its request), held boxed: an `async` block
+/// keeps room for every value it captures for as long as it runs, even one it has handed on. Held
+/// so, that room is a pointer, and the value's own is given back when it is [taken](Held::take).
+pub struct Held<T>(Box<T>);
+
+impl<T> Held<T> {
+    pub fn new(value: T) -> Self {
+        Self(Box::new(value))
+    }
+
+    pub fn take(self) -> T {
+        *self.0
+    }
+}
+
 /// The service behind `me`, owned, for a deferred call's future (it outlives the handler that
 /// makes it); gone only while the replica shuts down.
 pub fn owned<S>(me: &std::sync::Weak<S>) -> Result<Arc<S>, Status> {

@@ -235,32 +235,38 @@ impl Router {
                 return Either::Left(std::future::ready(Err(s)));
             }
         };
-        // The admitted call's fields are moved into the drive where they are used, never bound
-        // to locals here: a local would be a second copy beside the block's own.
-        Either::Right(async move {
-            // Answered before the transport's own timer fires, which would answer CANCELLED;
-            // without a deadline the call runs under an instant that never comes. Everything the
-            // call does, here or on the leader, acts in its namespace.
-            let limit = a.deadline.map(|d| d.saturating_sub(DEADLINE_MARGIN));
-            let result = tokio::time::timeout(
-                limit.unwrap_or(FOREVER),
-                namespace::within(a.ns, self.drive(a.call, a.msg, a.given_id, local, remote)),
-            )
-            .await
-            .unwrap_or_else(|_| {
+        // Built of combinators, not an `async` block: a block keeps room for every value it
+        // captures for as long as it runs, even those it hands on to the drive, and a parked call
+        // keeps this future for as long as it waits. The drive is answered before the
+        // transport's own timer fires, which would answer CANCELLED; without a deadline it runs
+        // under an instant that never comes. Everything the call does, here or on the leader,
+        // acts in its namespace.
+        let Admitted {
+            permit,
+            ns,
+            call,
+            deadline,
+            given_id,
+            msg,
+        } = a;
+        let limit = deadline.map(|d| d.saturating_sub(DEADLINE_MARGIN));
+        let driven = tokio::time::timeout(
+            limit.unwrap_or(FOREVER),
+            namespace::within(ns, self.drive(call, msg, given_id, local, remote)),
+        );
+        Either::Right(futures::FutureExt::map(driven, move |timed| {
+            let result = timed.unwrap_or_else(|_| {
                 Err(Status::deadline_exceeded(format!(
                     "{method}: the caller's deadline ({:?}) expired before the call completed",
-                    a.deadline.unwrap_or_default()
+                    deadline.unwrap_or_default()
                 )))
             });
-            // The client's share of waiting calls is given back only now. Named here, the
-            // permit is captured by the block: a field it never used would be left behind in
-            // `a`, and dropped as soon as the call was handed on.
-            drop(a.permit);
+            // The client's share of waiting calls is given back only now.
+            drop(permit);
             let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
             self.metrics.record_rpc(method, code, started.elapsed());
             result.map(Response::new)
-        })
+        }))
     }
 
     /// What [`Self::route`] reads off a request before driving it; a refusal as its status.

@@ -223,11 +223,12 @@ fn entry(key: String, value: bytes::Bytes) -> tf::KeyValueEntry {
     tf::KeyValueEntry { key, value }
 }
 
-/// Runs `f`, giving its service errors TensorFlow's payload.
-async fn served<T>(
+/// Runs `f`, giving its service errors TensorFlow's payload. (Not an `async fn`: one would keep
+/// `f` twice, as its argument and as what it awaits, and a parked call keeps this future.)
+fn served<T>(
     f: impl std::future::Future<Output = Result<T, CoordError>>,
-) -> Result<T, CoordError> {
-    f.await.map_err(|e| detailed_with(e, None))
+) -> impl std::future::Future<Output = Result<T, CoordError>> {
+    futures::FutureExt::map(f, |r| r.map_err(|e| detailed_with(e, None)))
 }
 
 /// A registration refused ABORTED (a restart of a connected task, or a task in error): the

@@ -3,6 +3,9 @@
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_server::CoordinationService;
 use coord_raft_store::state::{Outcome, TaskSet};
+use futures::future::Either;
+use futures::FutureExt;
+use std::future::Future;
 use tonic::{Request, Response, Status};
 
 use super::waits::Answer;
@@ -291,9 +294,9 @@ impl CoordinationService for TfService {
         req: Request<tf::GetKeyValueRequest>,
     ) -> Result<Response<tf::GetKeyValueResponse>, Status> {
         // It may wait: answered after its headers (see `api::deferred`).
-        let this = self.owned()?;
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
         Ok(deferred::defer(async move {
-            this.get_key_value_routed(req).await
+            this.get_key_value_routed(req.take()).await
         }))
     }
 
@@ -440,9 +443,9 @@ impl CoordinationService for TfService {
         req: Request<tf::GetAliveTasksRequest>,
     ) -> Result<Response<tf::GetAliveTasksResponse>, Status> {
         // It may wait: answered after its headers (see `api::deferred`).
-        let this = self.owned()?;
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
         Ok(deferred::defer(async move {
-            this.get_alive_tasks_routed(req).await
+            this.get_alive_tasks_routed(req.take()).await
         }))
     }
 
@@ -451,9 +454,9 @@ impl CoordinationService for TfService {
         req: Request<tf::PollForErrorRequest>,
     ) -> Result<Response<tf::PollForErrorResponse>, Status> {
         // It may wait: answered after its headers (see `api::deferred`).
-        let this = self.owned()?;
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
         Ok(deferred::defer(async move {
-            this.poll_for_error_routed(req).await
+            this.poll_for_error_routed(req.take()).await
         }))
     }
 }
@@ -480,19 +483,20 @@ fn task_state_info(
     }
 }
 
-/// The calls that may wait, as the router drives them; the trait's methods defer them.
+/// The calls that may wait, as the router drives them; the trait's methods defer them. Not
+/// `async fn`s: one keeps its request beside the route it is handed to, for as long as it waits.
 impl TfService {
-    async fn get_key_value_routed(
+    fn get_key_value_routed(
         &self,
         req: Request<tf::GetKeyValueRequest>,
-    ) -> Result<Response<tf::GetKeyValueResponse>, Status> {
+    ) -> impl Future<Output = Result<Response<tf::GetKeyValueResponse>, Status>> + '_ {
         let kv = &*self.kv;
         self.router
             .route(
                 "GetKeyValue",
                 Kind::Read,
                 req,
-                |m, _| async move {
+                move |m, _| async move {
                     let (_, value) = kv.get(&m.key).await?;
                     Ok(tf::GetKeyValueResponse {
                         kv: Some(entry(m.key, value)),
@@ -500,73 +504,72 @@ impl TfService {
                 },
                 |ch, r| async move { client(ch).get_key_value(r).await },
             )
-            .await
-            .map(|a| self.values.attach("GetKeyValue", a))
+            .map(move |a| a.map(|a| self.values.attach("GetKeyValue", a)))
     }
 
-    async fn get_alive_tasks_routed(
+    fn get_alive_tasks_routed(
         &self,
         req: Request<tf::GetAliveTasksRequest>,
-    ) -> Result<Response<tf::GetAliveTasksResponse>, Status> {
-        self.router.check_task(
+    ) -> impl Future<Output = Result<Response<tf::GetAliveTasksResponse>, Status>> + '_ {
+        if let Err(s) = self.router.check_task(
             &req,
             "GetAliveTasks",
             "requesting_task",
             req.get_ref().requesting_task.as_ref(),
-        )?;
+        ) {
+            return Either::Left(std::future::ready(Err(s)));
+        }
         let core = &*self.coord;
-        self.router
-            .route(
-                "GetAliveTasks",
-                Kind::Write,
-                req,
-                |m, id| {
-                    served(async move {
-                        let source = task_from(m.requesting_task.as_ref(), "requesting_task")?;
-                        let tasks = tasks_from(&m.tasks, "tasks")?;
-                        let set = TaskSet::of_tasks(&tasks);
-                        let answer = core.get_alive(id, source, set).await?;
-                        // Index-aligned and in incarnation order: TF's service sorts the
-                        // incarnations on their own, and its agent pairs them by index.
-                        let mut alive: Vec<_> = answer.iter().collect();
-                        alive.sort_by_key(|(_, incarnation)| *incarnation);
-                        Ok(tf::GetAliveTasksResponse {
-                            alive_tasks: alive.iter().map(|(t, _)| task_to(t)).collect(),
-                            incarnations: alive.iter().map(|(_, i)| *i).collect(),
-                        })
+        Either::Right(self.router.route(
+            "GetAliveTasks",
+            Kind::Write,
+            req,
+            move |m, id| {
+                served(async move {
+                    let source = task_from(m.requesting_task.as_ref(), "requesting_task")?;
+                    let tasks = tasks_from(&m.tasks, "tasks")?;
+                    let set = TaskSet::of_tasks(&tasks);
+                    let answer = core.get_alive(id, source, set).await?;
+                    // Index-aligned and in incarnation order: TF's service sorts the
+                    // incarnations on their own, and its agent pairs them by index.
+                    let mut alive: Vec<_> = answer.iter().collect();
+                    alive.sort_by_key(|(_, incarnation)| *incarnation);
+                    Ok(tf::GetAliveTasksResponse {
+                        alive_tasks: alive.iter().map(|(t, _)| task_to(t)).collect(),
+                        incarnations: alive.iter().map(|(_, i)| *i).collect(),
                     })
-                },
-                |ch, r| async move { client(ch).get_alive_tasks(r).await },
-            )
-            .await
+                })
+            },
+            |ch, r| async move { client(ch).get_alive_tasks(r).await },
+        ))
     }
 
-    async fn poll_for_error_routed(
+    fn poll_for_error_routed(
         &self,
         req: Request<tf::PollForErrorRequest>,
-    ) -> Result<Response<tf::PollForErrorResponse>, Status> {
-        self.router.check_task(
+    ) -> impl Future<Output = Result<Response<tf::PollForErrorResponse>, Status>> + '_ {
+        if let Err(s) = self.router.check_task(
             &req,
             "PollForError",
             "source_task",
             req.get_ref().source_task.as_ref(),
-        )?;
+        ) {
+            return Either::Left(std::future::ready(Err(s)));
+        }
         let core = &*self.coord;
-        self.router
-            .route(
-                "PollForError",
-                Kind::Read,
-                req,
-                |m, _| {
-                    served(async move {
-                        let task = task_from(m.source_task.as_ref(), "source_task")?;
-                        let e = core.poll_error_since_register(task).await?;
-                        // The error is the answer: the poll ends with it.
-                        Err::<tf::PollForErrorResponse, _>(propagated(&e))
-                    })
-                },
-                |ch, r| async move { client(ch).poll_for_error(r).await },
-            )
-            .await
+        Either::Right(self.router.route(
+            "PollForError",
+            Kind::Read,
+            req,
+            move |m, _| {
+                served(async move {
+                    let task = task_from(m.source_task.as_ref(), "source_task")?;
+                    let e = core.poll_error_since_register(task).await?;
+                    // The error is the answer: the poll ends with it.
+                    Err::<tf::PollForErrorResponse, _>(propagated(&e))
+                })
+            },
+            |ch, r| async move { client(ch).poll_for_error(r).await },
+        ))
     }
 }

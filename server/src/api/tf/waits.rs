@@ -7,6 +7,8 @@
 //! off it, before the call's future is boxed.
 
 use coord_proto::tensorflow as tf;
+use futures::future::Either;
+use futures::FutureExt;
 use tonic::{Request, Response, Status};
 
 use super::{client, devices_of, served, AnswerForm, TfService};
@@ -38,6 +40,7 @@ impl TfService {
         };
         // Answered after its headers (see `api::deferred`): the call's own future is all a parked
         // call keeps.
+        let req = deferred::Held::new(req);
         Box::pin(std::future::ready(Ok(deferred::defer(async move {
             let this = &*owned;
             let core = &*this.coord;
@@ -47,19 +50,27 @@ impl TfService {
                 .route(
                     "WaitForAllTasks",
                     Kind::Write,
-                    req,
+                    req.take(),
                     move |m, id| {
-                        served(async move {
-                            let task = task_from(m.source_task.as_ref(), "source_task")?;
-                            let form = AnswerForm::of(&m);
-                            let (leader_incarnation, all) =
-                                core.wait_for_all(id, task, devices_of(&m)?).await?;
+                        // Combinators, not an `async` block, which would keep room for `m` beside
+                        // the arrival it is moved into (see `Router::route`).
+                        let called = task_from(m.source_task.as_ref(), "source_task")
+                            .and_then(|task| Ok((task, devices_of(&m)?)));
+                        let form = AnswerForm::of(&m);
+                        let waited = match called {
+                            Ok((task, devices)) => {
+                                Either::Left(core.wait_for_all(id, task, devices))
+                            }
+                            Err(e) => Either::Right(std::future::ready(Err(e))),
+                        };
+                        served(waited.map(move |waited| {
+                            let (leader_incarnation, all) = waited?;
                             Ok(tf::WaitForAllTasksResponse {
                                 leader_incarnation,
                                 encoded: this.device_fields(form, &all)?,
                                 ..Default::default()
                             })
-                        })
+                        }))
                     },
                     |ch, r| async move { client(ch).wait_for_all_tasks(r).await },
                 )
@@ -87,6 +98,7 @@ impl TfService {
             Ok(owned) => owned,
             Err(s) => return Box::pin(std::future::ready(Err(s))),
         };
+        let req = deferred::Held::new(req);
         Box::pin(std::future::ready(Ok(deferred::defer(async move {
             let core = &*owned.coord;
             owned
@@ -94,28 +106,28 @@ impl TfService {
                 .route(
                     "Barrier",
                     Kind::Write,
-                    req,
-                    move |m, id| async move {
+                    req.take(),
+                    move |m, id| {
+                        // Combinators, not an `async` block, which would keep room for `m` beside
+                        // the arrival it is moved into (see `Router::route`).
                         let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                        // Awaited in place, never bound to a local (see `Router::route`).
-                        match async {
-                            let source = task_from(m.source_task.as_ref(), "source_task")?;
-                            let tasks = tasks_from(&m.tasks, "tasks")?;
-                            core.barrier(
+                        let named = task_from(m.source_task.as_ref(), "source_task")
+                            .and_then(|s| Ok((s, tasks_from(&m.tasks, "tasks")?)));
+                        let passed = match named {
+                            Ok((source, tasks)) => Either::Left(core.barrier(
                                 id,
                                 m.barrier_id,
                                 m.counter,
                                 tasks,
                                 m.barrier_timeout_in_ms,
                                 source,
-                            )
-                            .await
-                        }
-                        .await
-                        {
+                            )),
+                            Err(e) => Either::Right(std::future::ready(Err(e))),
+                        };
+                        passed.map(move |passed| match passed {
                             Ok(counter) => Ok(tf::BarrierResponse { counter }),
                             Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                        }
+                        })
                     },
                     |ch, r| async move { client(ch).barrier(r).await },
                 )

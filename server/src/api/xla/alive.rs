@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use coord_proto::xla::coordination as xla;
 use coord_raft_store::state::TaskSet;
+use futures::future::Either;
+use futures::FutureExt;
 use tonic::{Request, Response, Status};
 
 use super::errors::id_of;
@@ -79,16 +81,22 @@ impl Ask {
 impl XlaService {
     /// GetAliveTasks: once every live task of the set asked, the live ones and their
     /// incarnations.
-    pub(super) async fn get_alive_call(
+    ///
+    /// Not an `async fn`: one keeps its request beside the route it is handed to, for as long as
+    /// the call waits.
+    pub(super) fn get_alive_call(
         &self,
         req: Request<xla::GetAliveTasksRequest>,
-    ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
-        self.acting_as(
+    ) -> impl std::future::Future<Output = Result<Response<xla::GetAliveTasksResponse>, Status>> + '_
+    {
+        if let Err(s) = self.acting_as(
             &req,
             "xla/GetAliveTasks",
             "requesting_task_id",
             req.get_ref().requesting_task_id,
-        )?;
+        ) {
+            return Either::Left(std::future::ready(Err(s)));
+        }
         let req = req.map(|m| match self.task_set(&m.task_ids, "task_ids") {
             Ok(set) => Ask::Runs {
                 requesting_task_id: m.requesting_task_id,
@@ -98,43 +106,42 @@ impl XlaService {
             Err(_) => Ask::Listed(m),
         });
         let this = self;
-        let routed = self
-            .router
-            .route(
-                "xla/GetAliveTasks",
-                Kind::Write,
-                req,
-                |ask, id| {
-                    served(async move {
-                        this.check_incarnation(ask.incarnations())?;
-                        let source = this.task(ask.requesting_task_id(), "requesting_task_id")?;
-                        let set = match ask {
-                            Ask::Runs { set, .. } => set,
-                            Ask::Listed(m) => this.task_set(&m.task_ids, "task_ids")?,
-                        };
-                        let alive = this.coord.get_alive(id, source, set).await?;
-                        Ok(Routed::Shared(this.alive.of(&alive, |alive| {
-                            AnswerBytes::encode(&xla::GetAliveTasksResponse {
-                                alive_task_ids: alive.iter().map(|(t, _)| id_of(t)).collect(),
-                                incarnations: alive.iter().map(|(_, i)| *i).collect(),
-                            })
-                        })))
-                    })
-                },
-                |ch, r| async move {
-                    let answer = client(ch).get_alive_tasks(r.map(Ask::into_request)).await?;
-                    Ok(answer.map(Routed::Relayed))
-                },
-            )
-            .await?;
-        Ok(match routed.into_inner() {
-            // The message stays empty: the response layer sends the shared bytes instead.
-            Routed::Shared(bytes) => {
-                let mut r = Response::new(xla::GetAliveTasksResponse::default());
-                r.extensions_mut().insert(SharedAnswer(bytes));
-                r
-            }
-            Routed::Relayed(answer) => Response::new(answer),
-        })
+        let routed = self.router.route(
+            "xla/GetAliveTasks",
+            Kind::Write,
+            req,
+            move |ask, id| {
+                served(async move {
+                    this.check_incarnation(ask.incarnations())?;
+                    let source = this.task(ask.requesting_task_id(), "requesting_task_id")?;
+                    let set = match ask {
+                        Ask::Runs { set, .. } => set,
+                        Ask::Listed(m) => this.task_set(&m.task_ids, "task_ids")?,
+                    };
+                    let alive = this.coord.get_alive(id, source, set).await?;
+                    Ok(Routed::Shared(this.alive.of(&alive, |alive| {
+                        AnswerBytes::encode(&xla::GetAliveTasksResponse {
+                            alive_task_ids: alive.iter().map(|(t, _)| id_of(t)).collect(),
+                            incarnations: alive.iter().map(|(_, i)| *i).collect(),
+                        })
+                    })))
+                })
+            },
+            |ch, r| async move {
+                let answer = client(ch).get_alive_tasks(r.map(Ask::into_request)).await?;
+                Ok(answer.map(Routed::Relayed))
+            },
+        );
+        Either::Right(routed.map(|routed| {
+            Ok(match routed?.into_inner() {
+                // The message stays empty: the response layer sends the shared bytes instead.
+                Routed::Shared(bytes) => {
+                    let mut r = Response::new(xla::GetAliveTasksResponse::default());
+                    r.extensions_mut().insert(SharedAnswer(bytes));
+                    r
+                }
+                Routed::Relayed(answer) => Response::new(answer),
+            })
+        }))
     }
 }

@@ -211,9 +211,10 @@ fn task_of(job: &str, n: u32, id: i32, field: &str) -> Result<TaskName, CoordErr
     }
 }
 
-/// Runs `f`, giving its service errors their XLA payload.
-async fn served<T>(
+/// Runs `f`, giving its service errors their XLA payload. (Not an `async fn`: one would keep
+/// `f` twice, as its argument and as what it awaits, and a parked call keeps this future.)
+fn served<T>(
     f: impl std::future::Future<Output = Result<T, CoordError>>,
-) -> Result<T, CoordError> {
-    f.await.map_err(detailed)
+) -> impl std::future::Future<Output = Result<T, CoordError>> {
+    futures::FutureExt::map(f, |r| r.map_err(detailed))
 }

@@ -3,6 +3,9 @@
 use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_server::CoordinationService;
 use coord_raft_store::state::Outcome;
+use futures::future::Either;
+use futures::FutureExt;
+use std::future::Future;
 use tonic::{Request, Response, Status};
 
 use super::errors::{barrier_error, error_payload, id_of, polled};
@@ -194,9 +197,9 @@ impl CoordinationService for XlaService {
         req: Request<xla::GetKeyValueRequest>,
     ) -> Result<Response<xla::GetKeyValueResponse>, Status> {
         // It may wait: answered after its headers (see `api::deferred`).
-        let this = self.owned()?;
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
         Ok(deferred::defer(async move {
-            this.get_key_value_routed(req).await
+            this.get_key_value_routed(req.take()).await
         }))
     }
 
@@ -327,34 +330,37 @@ impl CoordinationService for XlaService {
         };
         // Answered after its headers (see `api::deferred`); awaited in place, never bound to a
         // local (see `Router::route`).
+        let req = deferred::Held::new(req);
         Box::pin(std::future::ready(Ok(deferred::defer(async move {
             let this = &*owned;
             this.router
                 .route(
                     "xla/Barrier",
                     Kind::Write,
-                    req,
-                    move |m, id| async move {
+                    req.take(),
+                    move |m, id| {
+                        // Combinators, not an `async` block, which would keep room for `m` beside
+                        // the arrival it is moved into (see `Router::route`).
                         let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                        let passed = async {
-                            this.check_incarnation(m.incarnations.as_ref())?;
-                            let source = this.task(m.source_task_id, "source_task_id")?;
-                            let tasks = this.tasks(&m.task_ids, "task_ids")?;
-                            this.coord
-                                .barrier(
-                                    id,
-                                    m.barrier_id,
-                                    m.counter,
-                                    tasks,
-                                    m.barrier_timeout_in_ms,
-                                    source,
-                                )
-                                .await
+                        let named = this
+                            .check_incarnation(m.incarnations.as_ref())
+                            .and_then(|()| this.task(m.source_task_id, "source_task_id"))
+                            .and_then(|s| Ok((s, this.tasks(&m.task_ids, "task_ids")?)));
+                        let passed = match named {
+                            Ok((source, tasks)) => Either::Left(this.coord.barrier(
+                                id,
+                                m.barrier_id,
+                                m.counter,
+                                tasks,
+                                m.barrier_timeout_in_ms,
+                                source,
+                            )),
+                            Err(e) => Either::Right(std::future::ready(Err(e))),
                         };
-                        match passed.await {
+                        passed.map(move |passed| match passed {
                             Ok(counter) => Ok(xla::BarrierResponse { counter }),
                             Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                        }
+                        })
                     },
                     |ch, r| async move { client(ch).barrier(r).await },
                 )
@@ -402,10 +408,10 @@ impl CoordinationService for XlaService {
         req: Request<xla::GetAliveTasksRequest>,
     ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
         // It waits for the set: answered after its headers (see `api::deferred`).
-        let this = self.owned()?;
-        Ok(deferred::defer(
-            async move { this.get_alive_call(req).await },
-        ))
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
+        Ok(deferred::defer(async move {
+            this.get_alive_call(req.take()).await
+        }))
     }
 
     async fn poll_for_error(
@@ -413,9 +419,9 @@ impl CoordinationService for XlaService {
         req: Request<xla::PollForErrorRequest>,
     ) -> Result<Response<xla::PollForErrorResponse>, Status> {
         // It may wait: answered after its headers (see `api::deferred`).
-        let this = self.owned()?;
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
         Ok(deferred::defer(async move {
-            this.poll_for_error_routed(req).await
+            this.poll_for_error_routed(req.take()).await
         }))
     }
 
@@ -451,19 +457,20 @@ impl CoordinationService for XlaService {
     }
 }
 
-/// The calls that may wait, as the router drives them; the trait's methods defer them.
+/// The calls that may wait, as the router drives them; the trait's methods defer them. Not
+/// `async fn`s: one keeps its request beside the route it is handed to, for as long as it waits.
 impl XlaService {
-    async fn get_key_value_routed(
+    fn get_key_value_routed(
         &self,
         req: Request<xla::GetKeyValueRequest>,
-    ) -> Result<Response<xla::GetKeyValueResponse>, Status> {
+    ) -> impl Future<Output = Result<Response<xla::GetKeyValueResponse>, Status>> + '_ {
         let this = self;
         self.router
             .route(
                 "xla/GetKeyValue",
                 Kind::Read,
                 req,
-                |m, _| {
+                move |m, _| {
                     served(async move {
                         this.check_incarnation(m.incarnations.as_ref())?;
                         let (key, value) = this.kv.get(&m.key).await?;
@@ -474,37 +481,36 @@ impl XlaService {
                 },
                 |ch, r| async move { client(ch).get_key_value(r).await },
             )
-            .await
-            .map(|a| self.values.attach("xla/GetKeyValue", a))
+            .map(move |a| a.map(|a| self.values.attach("xla/GetKeyValue", a)))
     }
 
-    async fn poll_for_error_routed(
+    fn poll_for_error_routed(
         &self,
         req: Request<xla::PollForErrorRequest>,
-    ) -> Result<Response<xla::PollForErrorResponse>, Status> {
-        self.acting_as(
+    ) -> impl Future<Output = Result<Response<xla::PollForErrorResponse>, Status>> + '_ {
+        if let Err(s) = self.acting_as(
             &req,
             "xla/PollForError",
             "source_task_id",
             req.get_ref().source_task_id,
-        )?;
+        ) {
+            return Either::Left(std::future::ready(Err(s)));
+        }
         let this = self;
-        self.router
-            .route(
-                "xla/PollForError",
-                Kind::Read,
-                req,
-                |m, _| {
-                    served(async move {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let task = this.task(m.source_task_id, "source_task_id")?;
-                        let e = this.coord.poll_error_since_register(task).await?;
-                        // The error is the answer: the poll ends with it.
-                        Err::<xla::PollForErrorResponse, _>(polled(&e))
-                    })
-                },
-                |ch, r| async move { client(ch).poll_for_error(r).await },
-            )
-            .await
+        Either::Right(self.router.route(
+            "xla/PollForError",
+            Kind::Read,
+            req,
+            move |m, _| {
+                served(async move {
+                    this.check_incarnation(m.incarnations.as_ref())?;
+                    let task = this.task(m.source_task_id, "source_task_id")?;
+                    let e = this.coord.poll_error_since_register(task).await?;
+                    // The error is the answer: the poll ends with it.
+                    Err::<xla::PollForErrorResponse, _>(polled(&e))
+                })
+            },
+            |ch, r| async move { client(ch).poll_for_error(r).await },
+        ))
     }
 }

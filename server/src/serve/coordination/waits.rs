@@ -236,20 +236,17 @@ impl CoordCore {
         };
         let arrival = self.commit(id, Op::WaitForAllTasks { task, devices });
         Either::Right(async move {
-            // Awaited on its own, not in the `match` (see `barrier`).
-            let committed = arrival.await?;
-            let outcome = match committed {
-                Output::Barrier {
-                    outcome: Some(o), ..
-                } => o,
-                Output::Barrier {
-                    counter,
-                    outcome: None,
-                } => {
+            // Done with the commit and its output before the park (see `barrier`).
+            let (counter, decided) = match arrival.await? {
+                Output::Barrier { counter, outcome } => (counter, outcome),
+                other => return Err(unexpected("WaitForAllTasks", &other)),
+            };
+            let outcome = match decided {
+                Some(o) => o,
+                None => {
                     self.await_barrier(WAIT_FOR_ALL_TASKS_BARRIER, counter, epoch, slot)
                         .await?
                 }
-                other => return Err(unexpected("WaitForAllTasks", &other)),
             };
             if let Outcome::Failed { code, message } = outcome {
                 return Err(CoordError::status(code, message));
@@ -316,22 +313,15 @@ impl CoordCore {
             },
         );
         Either::Right(async move {
-            // The commit is awaited on its own: a future in a `match`'s scrutinee would live on
-            // beside the park below, and every parked call would carry both.
-            let committed = arrival.await?;
-            let (counter, outcome) = match committed {
-                Output::Barrier {
-                    counter,
-                    outcome: Some(o),
-                } => (counter, o),
-                Output::Barrier {
-                    counter,
-                    outcome: None,
-                } => (
-                    counter,
-                    self.await_barrier(&barrier, counter, epoch, slot).await?,
-                ),
+            // The commit and its output are done with before the park: a future or a value the
+            // park's `match` arm sat in would live on beside it, in every parked call.
+            let (counter, decided) = match arrival.await? {
+                Output::Barrier { counter, outcome } => (counter, outcome),
                 other => return Err(unexpected("Barrier", &other)),
+            };
+            let outcome = match decided {
+                Some(o) => o,
+                None => self.await_barrier(&barrier, counter, epoch, slot).await?,
             };
             match outcome {
                 Outcome::Passed => Ok(counter),
@@ -430,11 +420,12 @@ impl CoordCore {
         V: Clone,
     {
         loop {
-            let found = self.reader.read(|a| match check(a) {
+            // Matched in the statement that reads it: bound to a local, the reading would be
+            // kept beside the park in every parked call.
+            let mut parked = match self.reader.read(|a| match check(a) {
                 Some(r) => Ok(r),
                 None => Err(registry.park(key, epoch, &mut slot)),
-            });
-            let mut parked = match found {
+            }) {
                 Ok(r) => return Ok(r),
                 Err(Ok(p)) => p,
                 Err(Err(why)) => return Err(registry.not_parked(why, what)),
