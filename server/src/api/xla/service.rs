@@ -21,34 +21,11 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::RegisterTaskRequest>,
     ) -> Result<Response<xla::RegisterTaskResponse>, Status> {
-        self.acting_as(
-            &req,
-            "xla/RegisterTask",
-            "source_task_id",
-            req.get_ref().source_task_id,
-        )?;
-        let this = self;
-        self.router
-            .route(
-                "xla/RegisterTask",
-                Kind::Write,
-                req,
-                |m, id| {
-                    served(async move {
-                        let task = this.task(m.source_task_id, "source_task_id")?;
-                        let all = this.whole_job()?;
-                        let service_incarnation = this
-                            .coord
-                            .register_at_barrier(id, task, m.incarnation, all)
-                            .await?;
-                        Ok(xla::RegisterTaskResponse {
-                            service_incarnation,
-                        })
-                    })
-                },
-                |ch, r| async move { client(ch).register_task(r).await },
-            )
-            .await
+        // It waits at the register barrier: answered after its headers (see `api::deferred`).
+        let (this, req) = (self.owned()?, deferred::Held::new(req));
+        Ok(deferred::defer(async move {
+            this.register_task_routed(req.take()).await
+        }))
     }
 
     async fn heartbeat(
@@ -460,6 +437,43 @@ impl CoordinationService for XlaService {
 /// The calls that may wait, as the router drives them; the trait's methods defer them. Not
 /// `async fn`s: one keeps its request beside the route it is handed to, for as long as it waits.
 impl XlaService {
+    fn register_task_routed(
+        &self,
+        req: Request<xla::RegisterTaskRequest>,
+    ) -> impl Future<Output = Result<Response<xla::RegisterTaskResponse>, Status>> + '_ {
+        if let Err(s) = self.acting_as(
+            &req,
+            "xla/RegisterTask",
+            "source_task_id",
+            req.get_ref().source_task_id,
+        ) {
+            return Either::Left(std::future::ready(Err(s)));
+        }
+        let this = self;
+        Either::Right(self.router.route(
+            "xla/RegisterTask",
+            Kind::Write,
+            req,
+            move |m, id| {
+                let called = this
+                    .task(m.source_task_id, "source_task_id")
+                    .and_then(|task| Ok((task, this.whole_job()?)));
+                let registered = match called {
+                    Ok((task, all)) => {
+                        Either::Left(this.coord.register_at_barrier(id, task, m.incarnation, all))
+                    }
+                    Err(e) => Either::Right(std::future::ready(Err(e))),
+                };
+                served(registered.map(|registered| {
+                    Ok(xla::RegisterTaskResponse {
+                        service_incarnation: registered?,
+                    })
+                }))
+            },
+            |ch, r| async move { client(ch).register_task(r).await },
+        ))
+    }
+
     fn get_key_value_routed(
         &self,
         req: Request<xla::GetKeyValueRequest>,

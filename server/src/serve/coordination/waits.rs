@@ -27,15 +27,21 @@ use crate::serve::parked::{Slot, WaitRegistry, Wake};
 impl CoordCore {
     /// Registers the task and waits until every one of `participants` registered (XLA's register
     /// barrier); returns the service incarnation.
-    pub async fn register_at_barrier(
+    ///
+    /// Not an `async fn`, as [`Self::barrier`]: the registration is built into its commit before
+    /// the future is, and a parked registration keeps what the wait needs, not the commit.
+    pub fn register_at_barrier(
         &self,
         id: Option<RequestId>,
         task: TaskName,
         incarnation: u64,
         participants: TaskSet,
-    ) -> Result<u64, CoordError> {
+    ) -> impl std::future::Future<Output = Result<u64, CoordError>> + '_ {
         let (epoch, slot) =
-            self.barrier_slot(|| format!("RegisterTask of {task} at the register barrier"))?;
+            match self.barrier_slot(|| format!("RegisterTask of {task} at the register barrier")) {
+                Ok(taken) => taken,
+                Err(e) => return Either::Left(std::future::ready(Err(e))),
+            };
         let op = Op::RegisterAtBarrierOf {
             task: task.clone(),
             incarnation,
@@ -44,26 +50,28 @@ impl CoordCore {
         // Heard before the commit, as in `register_task`: the heartbeat checker may see the task
         // connected before this call resumes.
         self.heard(&task, incarnation);
-        let outcome = match self.commit(id, op).await? {
-            Output::Barrier {
-                outcome: Some(o), ..
-            } => o,
-            Output::Barrier {
-                counter,
-                outcome: None,
-            } => {
-                // Registered: it counts as a heartbeat while the others arrive.
-                self.heard(&task, incarnation);
-                self.await_barrier(REGISTER_BARRIER, counter, epoch, slot)
-                    .await?
+        let registration = self.commit(id, op);
+        Either::Right(async move {
+            // Done with the commit and its output before the park (see `barrier`).
+            let (counter, decided) = match registration.await? {
+                Output::Barrier { counter, outcome } => (counter, outcome),
+                other => return Err(unexpected("RegisterAtBarrier", &other)),
+            };
+            let outcome = match decided {
+                Some(o) => o,
+                None => {
+                    // Registered: it counts as a heartbeat while the others arrive.
+                    self.heard(&task, incarnation);
+                    self.await_barrier(REGISTER_BARRIER, counter, epoch, slot)
+                        .await?
+                }
+            };
+            if let Outcome::Failed { code, message } = outcome {
+                return Err(CoordError::status(code, message));
             }
-            other => return Err(unexpected("RegisterAtBarrier", &other)),
-        };
-        if let Outcome::Failed { code, message } = outcome {
-            return Err(CoordError::status(code, message));
-        }
-        self.heard(&task, incarnation);
-        self.service_incarnation()
+            self.heard(&task, incarnation);
+            self.service_incarnation()
+        })
     }
 
     /// XLA's GetAliveTasks: waits until every live task of `set` asked; returns the live ones
