@@ -123,10 +123,10 @@ pub struct Args {
     pub max_blocking_calls_per_client: usize,
 
     /// Parked calls (blocking gets, barrier waits, error polls, task watches) and key watch streams
-    /// the leader holds across all clients (0: no bound). Each costs about 7–9 KB of memory;
-    /// past the bound new ones fail RESOURCE_EXHAUSTED at once and the replica stays healthy. The
-    /// default holds a 100,000-task job with every task parked twice (a barrier and
-    /// WaitForAllTasks, or an error poll), about 2 GB.
+    /// the leader holds across all clients (0: no bound). Each costs about 3–5 KB of memory (a
+    /// jaxlib GetAliveTasks call about 10 KB); past the bound new ones fail RESOURCE_EXHAUSTED at
+    /// once and the replica stays healthy. The default holds a 100,000-task job with every task
+    /// parked twice (a barrier and WaitForAllTasks, or an error poll), about 0.7 GB.
     #[arg(long, default_value_t = 250_000, env = "COORD_MAX_PARKED_CALLS")]
     pub max_parked_calls: usize,
 

@@ -10,8 +10,9 @@
 //! apply wakes waiters only after releasing its write lock, so no change can slip between the
 //! check and the registration.
 //!
-//! Every parked call and watch stream holds leader memory (7–9 KB each, most of it the HTTP/2
-//! stream and hyper's and tonic's per-call state), so together they are bounded by one [`ParkBudget`]
+//! Every parked call and watch stream holds leader memory (3–5 KB each for a TensorFlow barrier or
+//! WaitForAllTasks call: its own future, the HTTP/2 stream and hyper's task), so together they are
+//! bounded by one [`ParkBudget`]
 //! (`--max-parked-calls`) across all clients: per-client caps alone let more clients grow the
 //! leader without limit. A call takes its [`Slot`] when it first parks and keeps it until it
 //! returns, so a call already waiting is never refused when it parks again after a wake.

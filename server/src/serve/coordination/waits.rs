@@ -208,19 +208,22 @@ impl CoordCore {
         task: TaskName,
     ) -> Result<Option<Outcome>, CoordError> {
         let (epoch, slot) = self.barrier_slot(|| format!("ShutdownTask of {task}"))?;
-        let outcome = match self
+        // Done with the commit and its output before the park (see `barrier`).
+        let (counter, decided) = match self
             .commit(id, Op::ShutdownTask { task: task.clone() })
             .await?
         {
-            Output::Done => None,
-            Output::Barrier { counter, outcome } => match outcome {
-                Some(o) => Some(o),
-                None => Some(
-                    self.await_barrier(SHUTDOWN_BARRIER, counter, epoch, slot)
-                        .await?,
-                ),
-            },
+            Output::Done => (None, None),
+            Output::Barrier { counter, outcome } => (Some(counter), outcome),
             other => return Err(unexpected("ShutdownTask", &other)),
+        };
+        let outcome = match (counter, decided) {
+            (_, Some(o)) => Some(o),
+            (Some(counter), None) => Some(
+                self.await_barrier(SHUTDOWN_BARRIER, counter, epoch, slot)
+                    .await?,
+            ),
+            (None, None) => None,
         };
         self.heartbeats.disconnected(&task);
         Ok(outcome)
