@@ -113,21 +113,11 @@ impl TfService {
                         let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
                         let named = task_from(m.source_task.as_ref(), "source_task")
                             .and_then(|s| Ok((s, tasks_from(&m.tasks, "tasks")?)));
-                        let passed = match named {
-                            Ok((source, tasks)) => Either::Left(core.barrier(
-                                id,
-                                m.barrier_id,
-                                m.counter,
-                                tasks,
-                                m.barrier_timeout_in_ms,
-                                source,
-                            )),
-                            Err(e) => Either::Right(std::future::ready(Err(e))),
-                        };
-                        passed.map(move |passed| match passed {
-                            Ok(counter) => Ok(tf::BarrierResponse { counter }),
-                            Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                        })
+                        core.barrier(id, m.barrier_id, m.counter, m.barrier_timeout_in_ms, named)
+                            .map(move |passed| match passed {
+                                Ok(counter) => Ok(tf::BarrierResponse { counter }),
+                                Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                            })
                     },
                     |ch, r| async move { client(ch).barrier(r).await },
                 )

@@ -323,21 +323,12 @@ impl CoordinationService for XlaService {
                             .check_incarnation(m.incarnations.as_ref())
                             .and_then(|()| this.task(m.source_task_id, "source_task_id"))
                             .and_then(|s| Ok((s, this.tasks(&m.task_ids, "task_ids")?)));
-                        let passed = match named {
-                            Ok((source, tasks)) => Either::Left(this.coord.barrier(
-                                id,
-                                m.barrier_id,
-                                m.counter,
-                                tasks,
-                                m.barrier_timeout_in_ms,
-                                source,
-                            )),
-                            Err(e) => Either::Right(std::future::ready(Err(e))),
-                        };
-                        passed.map(move |passed| match passed {
-                            Ok(counter) => Ok(xla::BarrierResponse { counter }),
-                            Err(e) => Err(barrier_error(e, &barrier_id, counter)),
-                        })
+                        this.coord
+                            .barrier(id, m.barrier_id, m.counter, m.barrier_timeout_in_ms, named)
+                            .map(move |passed| match passed {
+                                Ok(counter) => Ok(xla::BarrierResponse { counter }),
+                                Err(e) => Err(barrier_error(e, &barrier_id, counter)),
+                            })
                     },
                     |ch, r| async move { client(ch).barrier(r).await },
                 )

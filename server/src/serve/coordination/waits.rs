@@ -294,7 +294,9 @@ impl CoordCore {
         })
     }
 
-    /// Waits at the barrier; returns the instance's counter when it passes.
+    /// Waits at the barrier; returns the instance's counter when it passes. `named` is the
+    /// arriving task and the barrier's participants as the call named them, or why they could not
+    /// be read (the call's answer then).
     ///
     /// Not an `async fn`: one keeps its arguments beside the copies its body makes. Here the
     /// arrival is built into its (boxed) commit before the future is, so a parked call's future
@@ -304,10 +306,13 @@ impl CoordCore {
         id: Option<RequestId>,
         barrier: String,
         counter: i64,
-        tasks: Vec<TaskName>,
         timeout_ms: i64,
-        source: TaskName,
+        named: Result<(TaskName, Vec<TaskName>), CoordError>,
     ) -> impl std::future::Future<Output = Result<i64, CoordError>> + '_ {
+        let (source, tasks) = match named {
+            Ok(named) => named,
+            Err(e) => return Either::Left(std::future::ready(Err(e))),
+        };
         let (epoch, slot) =
             match self.barrier_slot(|| format!("the wait of {source} at barrier {barrier:?}")) {
                 Ok(taken) => taken,
