@@ -180,6 +180,15 @@ mod tests {
         r
     }
 
+    /// Asserts `collected` is a whole OK answer whose frame is `frame`.
+    fn answered_ok(collected: http_body_util::Collected<Bytes>, frame: &[u8]) {
+        let status = collected
+            .trailers()
+            .and_then(|t| t.get("grpc-status").cloned());
+        assert_eq!(status, Some(HeaderValue::from_static("0")));
+        assert_eq!(collected.to_bytes().as_ref(), frame);
+    }
+
     fn settled(r: Response<Body>, gzip: bool) -> Response<Body> {
         let waker = futures::task::noop_waker();
         settle(r, gzip, &mut Context::from_waker(&waker))
@@ -196,14 +205,7 @@ mod tests {
         // Too short to gain from gzip: plain, and no encoding offered.
         assert!(parts.headers.get("grpc-encoding").is_none());
         let collected = body.collect().await.expect("body");
-        let status = collected
-            .trailers()
-            .and_then(|t| t.get("grpc-status").cloned());
-        assert_eq!(status, Some(HeaderValue::from_static("0")));
-        assert_eq!(
-            collected.to_bytes().as_ref(),
-            b"\x00\x00\x00\x00\x02\x08\x07"
-        );
+        answered_ok(collected, b"\x00\x00\x00\x00\x02\x08\x07");
 
         let r = settled(
             deferred(async { Err(Status::not_found("barrier \"b\" is gone")) }),
@@ -237,14 +239,7 @@ mod tests {
         let collect = tokio::spawn(async move { body.collect().await });
         tx.send(3).expect("the call waits");
         let collected = collect.await.expect("joined").expect("body");
-        let status = collected
-            .trailers()
-            .and_then(|t| t.get("grpc-status").cloned());
-        assert_eq!(status, Some(HeaderValue::from_static("0")));
-        assert_eq!(
-            collected.to_bytes().as_ref(),
-            b"\x00\x00\x00\x00\x02\x08\x03"
-        );
+        answered_ok(collected, b"\x00\x00\x00\x00\x02\x08\x03");
     }
 
     #[tokio::test]

@@ -210,7 +210,9 @@ impl Router {
     /// Everything read off the request (admission, namespace, deadline, request id) is read here,
     /// before the call's future is built: that future holds only the message and what was read,
     /// not the request's metadata, and not twice over as an `async fn`'s arguments are (a parked
-    /// call keeps its future for as long as it waits).
+    /// call keeps its future for as long as it waits). For the same reason a caller's `local`
+    /// future is best built of combinators: an `async` block keeps room for every value it
+    /// captures for as long as it runs, even one it has moved into what it awaits.
     pub fn route<'a, Req, Resp, L, LF, R, RF>(
         &'a self,
         method: &'static str,

@@ -44,7 +44,6 @@ impl TfService {
         Box::pin(std::future::ready(Ok(deferred::defer(async move {
             let this = &*owned;
             let core = &*this.coord;
-            // Awaited in place, never bound to a local (see `Router::route`).
             let mut answer = this
                 .router
                 .route(

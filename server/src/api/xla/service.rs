@@ -305,8 +305,7 @@ impl CoordinationService for XlaService {
             Ok(owned) => owned,
             Err(s) => return Box::pin(std::future::ready(Err(s))),
         };
-        // Answered after its headers (see `api::deferred`); awaited in place, never bound to a
-        // local (see `Router::route`).
+        // Answered after its headers (see `api::deferred`).
         let req = deferred::Held::new(req);
         Box::pin(std::future::ready(Ok(deferred::defer(async move {
             let this = &*owned;
