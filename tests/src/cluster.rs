@@ -202,6 +202,11 @@ impl Cluster {
         );
     }
 
+    /// Keeps the ensemble's directory (data, each replica's log) after it is dropped; returns it.
+    pub fn persist(&mut self) -> std::path::PathBuf {
+        self.ensemble.persist()
+    }
+
     /// The value of metric `name` (a sample without labels) on replica `id`.
     pub fn metric(&self, id: u64, name: &str) -> f64 {
         let (_, body) = http::get(self.replica(id).http, "/metrics").expect("GET /metrics");

@@ -12,6 +12,7 @@
 //! - `shutdown`: ShutdownTask with and without a shutdown barrier, and the service's shutdown.
 
 mod barriers;
+mod beats;
 mod env;
 mod shutdown;
 mod tasks;
@@ -19,6 +20,7 @@ mod tasks;
 pub use env::{assert_code, task, w, Env, LEADER_TIMEOUT};
 
 pub use barriers::{barrier_failures, barriers_pass_and_are_reused};
+pub use beats::{a_sidecar_sends_its_tasks_heartbeats_together, heartbeats_sent_together};
 pub use shutdown::{shutdown_barrier, shutdown_service_aborts_barriers, shutdown_without_barrier};
 pub use tasks::{
     heartbeats_and_timeouts, register_and_wait_for_all_tasks, registration_rules,
@@ -42,6 +44,14 @@ macro_rules! coordination_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn heartbeats_and_timeouts() {
             suite::heartbeats_and_timeouts($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn heartbeats_sent_together() {
+            suite::heartbeats_sent_together($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_sidecar_sends_its_tasks_heartbeats_together() {
+            suite::a_sidecar_sends_its_tasks_heartbeats_together($replicas).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn reported_errors_reach_every_task() {

@@ -126,6 +126,9 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
         heartbeat_every: Duration::from_secs(10),
         cpu_window: Duration::from_secs(1),
         arrivals_per_second: 0,
+        // Each connection's tasks' heartbeats sent together, as coord-proxy sends them: through
+        // the leader's kill too.
+        heartbeat_batch: Duration::from_millis(200),
     };
     let mut env = Env::start(
         3,
@@ -162,6 +165,12 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
     assert_eq!(
         report.heartbeat_errors_after_kill, 0,
         "failed heartbeats after the kill: a task declared dead fails them all"
+    );
+    assert!(
+        report.heartbeat_calls_per_second < report.heartbeats_per_second,
+        "heartbeats sent together: {:.0} a second in {:.0} calls",
+        report.heartbeats_per_second,
+        report.heartbeat_calls_per_second
     );
     // Every task's answer carries the job's devices: none, one empty DeviceInfo.
     assert_eq!(report.wait_for_all_bytes, load.tasks as u64 * answer_size());

@@ -60,6 +60,12 @@ struct Cli {
     /// 25 ms, halving when one lasted over 100 ms. 1 sends every GetSplit to the ensemble.
     #[arg(long, default_value_t = coord_agent::proxy::tfdata::DEFAULT_SPLIT_LEASE)]
     tfdata_split_lease: u64,
+    /// TensorFlow's heartbeats of the tasks behind this proxy are held up to this long (ms) and
+    /// sent to the ensemble as one call, each task answered as its own call would be. Keep it well
+    /// under the agents' heartbeat interval (half TensorFlow's heartbeat timeout). 0 sends each
+    /// heartbeat on its own, at once.
+    #[arg(long, default_value_t = coord_agent::proxy::beats::DEFAULT_WINDOW.as_millis() as u64)]
+    heartbeat_batch_ms: u64,
     /// Also serve torch's TCPStore protocol here (HOST:PORT), over the ensemble: point torchrun's
     /// --rdzv-endpoint, or MASTER_ADDR/MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, at it.
     #[arg(long, env = "COORD_TCPSTORE_LISTEN")]
@@ -194,7 +200,9 @@ async fn run(cli: Cli) -> ExitCode {
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
-    let tf = TfServer::new(TfProxy::new(client.clone()))
+    let tf = TfProxy::new(client.clone())
+        .with_heartbeat_window(Duration::from_millis(cli.heartbeat_batch_ms));
+    let tf = TfServer::new(tf)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
-    GetTaskStateRequest, GetTaskStateResponse, PollForErrorRequest, PollForErrorResponse,
+    Beat, BeatAnswer, GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest,
+    PollForErrorRequest, PollForErrorResponse,
 };
 use coord_proto::tensorflow as tf;
 use tonic::Status;
@@ -51,6 +52,18 @@ impl CoordClient {
             })
             .await?;
         Ok(resp.leader_incarnation)
+    }
+
+    /// Several tasks' heartbeats in one call (as a sidecar carrying them sends them, see
+    /// `proxy::beats`); one answer per beat, in order.
+    pub async fn heartbeats(&self, beats: Vec<Beat>) -> Result<Vec<BeatAnswer>, Status> {
+        let req = HeartbeatsRequest { beats };
+        let resp = self
+            .call(req, None, |ch, r| async move {
+                CoordinationClient::new(ch).heartbeats(r).await
+            })
+            .await?;
+        Ok(resp.answers)
     }
 
     /// Waits until every task has called this; returns the cluster's devices.

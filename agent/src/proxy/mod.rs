@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 
 use crate::client::{Channel, CoordClient};
 
+pub mod beats;
 pub mod push;
 pub mod splits;
 pub mod tcpstore;

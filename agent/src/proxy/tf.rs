@@ -3,6 +3,7 @@
 
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 
+use super::beats::{HeartbeatBatches, DEFAULT_WINDOW};
 use super::{proxy_service, Call, MESSAGE_LIMIT};
 use crate::client::Channel;
 
@@ -18,7 +19,6 @@ proxy_service! {
     coord_proto::tensorflow::coordination_service_server::CoordinationService,
     upstream,
     register_task(RegisterTaskRequest) -> RegisterTaskResponse: Call::Write;
-    heartbeat(HeartbeatRequest) -> HeartbeatResponse: Call::Read;
     wait_for_all_tasks(WaitForAllTasksRequest) -> WaitForAllTasksResponse: Call::WaitingWrite;
     shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse: Call::WaitingWrite;
     reset_task(ResetTaskRequest) -> ResetTaskResponse: Call::Write;
@@ -36,4 +36,27 @@ proxy_service! {
     cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
     get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;
     poll_for_error(PollForErrorRequest) -> PollForErrorResponse: Call::WaitingRead;
+    @fields {
+        beats: HeartbeatBatches = HeartbeatBatches::new(DEFAULT_WINDOW),
+    }
+    @custom {
+        /// Held a moment and sent with the other tasks' heartbeats (see [`super::beats`]).
+        async fn heartbeat(
+            &self,
+            req: tonic::Request<pb::HeartbeatRequest>,
+        ) -> Result<tonic::Response<pb::HeartbeatResponse>, tonic::Status> {
+            self.beats
+                .heartbeat(&self.client, req.into_inner())
+                .await
+                .map(tonic::Response::new)
+        }
+    }
+}
+
+impl TfProxy {
+    /// Heartbeats held up to `window` and sent together (zero: each on its own, at once).
+    pub fn with_heartbeat_window(mut self, window: std::time::Duration) -> Self {
+        self.beats = HeartbeatBatches::new(window);
+        self
+    }
 }

@@ -1,5 +1,11 @@
 //! `coord.coordination.Coordination`: how agents learn of errors (a long poll, re-driven across
-//! leader changes by its sequence number) and read task states.
+//! leader changes by its sequence number), read task states, and how a sidecar sends the
+//! heartbeats of the tasks it carries in one call.
+//!
+//! TensorFlow's agents heartbeat every 5 s: 20,000 calls a second for a job of 100,000 tasks, each
+//! an HTTP/2 stream with its headers and trailers, which costs the leader more than the heartbeat
+//! itself. A sidecar carrying several tasks of a host holds their heartbeats a moment and sends
+//! them together ([`Coordination::heartbeats`]); each is answered as its own call would have been.
 
 use std::sync::Arc;
 
@@ -9,8 +15,10 @@ use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
 use tonic::{Request, Response, Status};
 
+use crate::api::payloads::detailed_with;
+use crate::api::tf::heartbeat_answer;
 use crate::api::wire::{error_payload, state_to, task_from, task_to, tasks_from};
-use crate::error::grpc_code;
+use crate::error::{grpc_code, CoordError};
 use crate::serve::coordination::CoordCore;
 use crate::serve::route::{Kind, Router};
 
@@ -22,6 +30,33 @@ pub struct CoordService {
 impl CoordService {
     pub fn new(router: Arc<Router>, core: Arc<CoordCore>) -> Self {
         Self { router, core }
+    }
+}
+
+/// Most heartbeats one call may carry: a sidecar carries the tasks of one host, and a call this
+/// large still answers in a few milliseconds.
+pub const MAX_BEATS: usize = 65_536;
+
+/// One beat's answer as its own Heartbeat call would have had it; `Err` for an error the whole
+/// call must end with, one that routing re-drives (the leader changed meanwhile).
+fn beat_answer(core: &CoordCore, i: usize, beat: &pb::Beat) -> Result<pb::BeatAnswer, CoordError> {
+    let answered = task_from(beat.task.as_ref(), &format!("beats[{i}].task"))
+        .and_then(|task| heartbeat_answer(core, &task, beat.incarnation));
+    match answered.map_err(|e| detailed_with(e, None)) {
+        Ok(leader_incarnation) => Ok(pb::BeatAnswer {
+            leader_incarnation,
+            ..Default::default()
+        }),
+        Err(e) if e.is_retryable() => Err(e),
+        Err(e) => {
+            let s = Status::from(e);
+            Ok(pb::BeatAnswer {
+                leader_incarnation: 0,
+                error_code: s.code() as i32,
+                error_message: s.message().to_string(),
+                error_details: s.details().to_vec().into(),
+            })
+        }
     }
 }
 
@@ -61,6 +96,47 @@ impl Coordination for CoordService {
                     })
                 },
                 |ch, r| async move { client(ch).poll_for_error(r).await },
+            )
+            .await
+    }
+
+    /// Each beat as TensorFlow's Heartbeat (`api::tf`), under the same check of the caller: a task's
+    /// certificate may send only its own.
+    async fn heartbeats(
+        &self,
+        req: Request<pb::HeartbeatsRequest>,
+    ) -> Result<Response<pb::HeartbeatsResponse>, Status> {
+        const METHOD: &str = "coordination/Heartbeats";
+        let beats = &req.get_ref().beats;
+        if beats.len() > MAX_BEATS {
+            let over = Status::resource_exhausted(format!(
+                "{METHOD}: {} beats in one call, over the limit of {MAX_BEATS}; send them in \
+                 several calls",
+                beats.len()
+            ));
+            self.router.checked(METHOD, Err(over))?;
+        }
+        for (i, beat) in beats.iter().enumerate() {
+            let field = format!("beats[{i}].task");
+            self.router
+                .check_task(&req, METHOD, &field, beat.task.as_ref())?;
+        }
+        let core = &*self.core;
+        self.router
+            .route(
+                METHOD,
+                Kind::Read,
+                req,
+                |m, _| async move {
+                    let answers = m
+                        .beats
+                        .iter()
+                        .enumerate()
+                        .map(|(i, beat)| beat_answer(core, i, beat))
+                        .collect::<Result<_, _>>()?;
+                    Ok(pb::HeartbeatsResponse { answers })
+                },
+                |ch, r| async move { client(ch).heartbeats(r).await },
             )
             .await
     }

@@ -64,6 +64,11 @@ pub struct ScaleArgs {
     /// machine (three replicas and the load generator) starve the heartbeats sent meanwhile.
     #[arg(long, default_value_t = 10_000)]
     pub arrivals_per_second: usize,
+    /// Each simulated sidecar holds its tasks' heartbeats up to this long (ms) and sends them as
+    /// one call, as coord-proxy does (`--heartbeat-batch-ms`); 0: every task's heartbeat is its
+    /// own call of TensorFlow's wire, as a task talking to the ensemble directly sends it.
+    #[arg(long, default_value_t = 0)]
+    pub heartbeat_batch_ms: u64,
 }
 
 /// One size's run: the report and the elections it saw (the kill's only, if all went well).
@@ -83,6 +88,7 @@ pub async fn tasks(args: Args) -> Result<(), String> {
         heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(1)),
         cpu_window: Duration::from_secs(10),
         arrivals_per_second: args.arrivals_per_second,
+        heartbeat_batch: Duration::ZERO,
     })
     .await?;
     print(&[m], args.no_gzip);
@@ -102,6 +108,7 @@ pub async fn scale(args: ScaleArgs) -> Result<(), String> {
             heartbeat_every: Duration::from_millis(args.heartbeat_ms.max(1)),
             cpu_window: Duration::from_secs(15),
             arrivals_per_second: args.arrivals_per_second,
+            heartbeat_batch: Duration::from_millis(args.heartbeat_batch_ms),
         };
         match measure(&load).await {
             Ok(m) => done.push(m),
@@ -151,7 +158,10 @@ async fn measure(load: &Load) -> Result<Measured, String> {
     let report = run(cluster.endpoints(), load, pid, parked, || {
         cluster.kill(leader)
     })
-    .await?;
+    .await;
+    // A failed size keeps its replicas' logs to be read.
+    let report =
+        report.map_err(|e| format!("{e} (logs kept in {})", cluster.persist().display()))?;
     // Read off a survivor: the leader is dead by now.
     let survivor = cluster.ids().into_iter().find(|&id| id != leader);
     let after = survivor.and_then(|id| cluster.status(id));
@@ -212,6 +222,16 @@ fn print(runs: &[Measured], no_gzip: bool) {
         "leader CPU with every task heartbeating",
         "<= 0.5 core",
         &|m| format!("{:.2} cores", m.report.heartbeat_cpu_cores),
+    );
+    row(
+        "... heartbeats a second, and calls carrying them",
+        "",
+        &|m| {
+            format!(
+                "{:.0} in {:.0} calls",
+                m.report.heartbeats_per_second, m.report.heartbeat_calls_per_second
+            )
+        },
     );
     row("leader RSS growth per registered task", "", &|m| {
         format!(

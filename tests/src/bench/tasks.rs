@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use coord_agent::proxy::beats::HeartbeatBatches;
 use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
 use futures::stream::{self, StreamExt};
@@ -29,6 +30,10 @@ pub struct TasksReport {
     pub barrier_release: Duration,
     /// Leader CPU, in cores, while the tasks only heartbeat.
     pub heartbeat_cpu_cores: f64,
+    /// Heartbeats the tasks sent a second meanwhile, and calls that carried them (fewer when the
+    /// simulated sidecars send their tasks' heartbeats together).
+    pub heartbeats_per_second: f64,
+    pub heartbeat_calls_per_second: f64,
     pub leader_rss_before: u64,
     /// All tasks registered and heartbeating, nothing parked.
     pub leader_rss_registered: u64,
@@ -89,6 +94,19 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// Where in the heartbeat interval task `i` heartbeats, in [0, 1): scattered (splitmix64 of `i`),
+/// so that the tasks a connection carries heartbeat at independent moments, as independent tasks
+/// do. (`i % 1000` put a connection's tasks on a few shared moments, all of them on one at
+/// 100,000 tasks over 1,000 connections: a sidecar would send those heartbeats together at no
+/// cost.)
+fn phase_of(i: usize) -> f64 {
+    let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % 1_000_000) as f64 / 1_000_000.0
 }
 
 pub(super) fn task(i: usize) -> tf::CoordinatedTask {
@@ -310,6 +328,9 @@ pub struct Load {
     /// job's tasks reach a barrier over seconds; all at once, 100,000 simulated tasks and three
     /// replicas on two cores starve the heartbeats sent meanwhile.
     pub arrivals_per_second: usize,
+    /// Each connection's sidecar holds its tasks' heartbeats this long and sends them together,
+    /// as coord-proxy does (zero: each task's heartbeat is its own TensorFlow call).
+    pub heartbeat_batch: Duration,
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
@@ -328,6 +349,7 @@ pub async fn run(
         heartbeat_every,
         cpu_window,
         arrivals_per_second,
+        heartbeat_batch,
     } = load.clone();
     let clients: Vec<CoordClient> = (0..connections.max(1))
         .map(|_| CoordClient::new(ClientOptions::new(endpoints.clone())).map_err(|e| e.to_string()))
@@ -336,30 +358,44 @@ pub async fn run(
         c.find_leader().await.ok_or("no leader")?;
     }
     let client = |i: usize| clients[i % clients.len()].clone();
+    // One sidecar per connection: coord-proxy's batching, with the task's hop to its own host's
+    // sidecar left out.
+    let sidecars: Vec<Arc<HeartbeatBatches>> = clients
+        .iter()
+        .map(|_| Arc::new(HeartbeatBatches::new(heartbeat_batch)))
+        .collect();
     let rss_before = rss_bytes(leader_pid).unwrap_or(0);
 
     // Each task heartbeats from its registration on, as a real one does (a registration counts
     // as a heartbeat: a task that waited for the whole job to register first could miss its
-    // timeout), spread over the interval as independent tasks' heartbeats are.
+    // timeout), at its own point of the interval, as independent tasks' heartbeats are (the
+    // tasks a connection carries too).
     let stop = Arc::new(AtomicBool::new(false));
     let heartbeat_errors = Arc::new(AtomicU64::new(0));
+    let heartbeats_sent = Arc::new(AtomicU64::new(0));
     // The longest gap between two answered heartbeats of any task, in ms, since the last reset.
     let longest_gap = Arc::new(AtomicU64::new(0));
     let heartbeat = |i: usize| {
-        let (c, stop, errors, gap) = (
+        let (c, sidecar, stop, errors, sent, gap) = (
             client(i),
+            sidecars[i % sidecars.len()].clone(),
             stop.clone(),
             heartbeat_errors.clone(),
+            heartbeats_sent.clone(),
             longest_gap.clone(),
         );
         Spawned::new(async move {
-            let first =
-                tokio::time::Instant::now() + heartbeat_every.mul_f64((i % 1000) as f64 / 1000.0);
+            let first = tokio::time::Instant::now() + heartbeat_every.mul_f64(phase_of(i));
             let mut tick = tokio::time::interval_at(first, heartbeat_every);
             let mut answered = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
-                if c.heartbeat(&task(i), i as u64 + 1).await.is_err() {
+                sent.fetch_add(1, Ordering::Relaxed);
+                let req = tf::HeartbeatRequest {
+                    incarnation: i as u64 + 1,
+                    source_task: Some(task(i)),
+                };
+                if sidecar.heartbeat(&c, req).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
                 } else {
                     let ms = answered.elapsed().as_millis() as u64;
@@ -391,13 +427,20 @@ pub async fn run(
         .map_err(|e| format!("registration failed: {e}"))?;
     eprintln!("registered {tasks} tasks in {register:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let cpu0 = cpu_seconds(leader_pid).unwrap_or(0.0);
+    let calls = || sidecars.iter().map(|s| s.calls()).sum::<u64>();
+    let (cpu0, sent0, calls0) = (
+        cpu_seconds(leader_pid).unwrap_or(0.0),
+        heartbeats_sent.load(Ordering::Relaxed),
+        calls(),
+    );
     let t0 = Instant::now();
     tokio::time::sleep(cpu_window).await;
-    let heartbeat_cpu_cores =
-        (cpu_seconds(leader_pid).unwrap_or(0.0) - cpu0) / t0.elapsed().as_secs_f64();
+    let secs = t0.elapsed().as_secs_f64();
+    let heartbeat_cpu_cores = (cpu_seconds(leader_pid).unwrap_or(0.0) - cpu0) / secs;
+    let heartbeats_per_second = (heartbeats_sent.load(Ordering::Relaxed) - sent0) as f64 / secs;
+    let heartbeat_calls_per_second = (calls() - calls0) as f64 / secs;
     let leader_rss_registered = rss_bytes(leader_pid).unwrap_or(0);
-    eprintln!("heartbeats only: leader uses {heartbeat_cpu_cores:.2} cores");
+    eprintln!("heartbeats only: leader uses {heartbeat_cpu_cores:.2} cores for {heartbeats_per_second:.0} heartbeats a second in {heartbeat_calls_per_second:.0} calls");
 
     // All but one task arrive at a barrier and park; then all but one call WaitForAllTasks
     // and park too (the heap growing from the barrier's, so neither reuses what the other freed).
@@ -480,6 +523,8 @@ pub async fn run(
         leader_rss_waits_parked,
         barrier_release,
         heartbeat_cpu_cores,
+        heartbeats_per_second,
+        heartbeat_calls_per_second,
         leader_rss_before: rss_before,
         leader_rss_registered,
         leader_rss_before_barrier,

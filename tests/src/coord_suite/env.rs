@@ -44,21 +44,9 @@ impl Env {
 
     /// Waits until the gauge `name`, summed over the replicas, reaches `n`.
     async fn wait_metric(&mut self, name: &str, n: u64) {
-        let prefix = format!("{name} ");
         self.cluster
             .wait_until(LEADER_TIMEOUT, &format!("{name} >= {n}"), |c| {
-                let total: u64 = c
-                    .ids()
-                    .iter()
-                    .filter_map(|&id| crate::http::get(c.replica(id).http, "/metrics").ok())
-                    .filter_map(|(_, m)| {
-                        m.lines()
-                            .find_map(|l| l.strip_prefix(prefix.as_str()))
-                            .and_then(|v| v.trim().parse::<f64>().ok())
-                    })
-                    .map(|v| v as u64)
-                    .sum();
-                total >= n
+                samples(c, name).iter().sum::<u64>() >= n
             })
             .await;
     }
@@ -67,6 +55,21 @@ impl Env {
     pub fn another_client(&self) -> CoordClient {
         CoordClient::new(ClientOptions::new(self.cluster.endpoints())).expect("client")
     }
+}
+
+/// Sample `sample` (its name and labels, as `/metrics` prints them) on each replica that has it.
+pub(super) fn samples(c: &Cluster, sample: &str) -> Vec<u64> {
+    let prefix = format!("{sample} ");
+    c.ids()
+        .iter()
+        .filter_map(|&id| crate::http::get(c.replica(id).http, "/metrics").ok())
+        .filter_map(|(_, m)| {
+            m.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .map(|v| v as u64)
+        .collect()
 }
 
 pub fn task(job: &str, id: i32) -> tf::CoordinatedTask {

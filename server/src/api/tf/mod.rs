@@ -256,6 +256,22 @@ fn refused_registration(e: CoordError, task: &coord_raft_store::state::TaskName)
 
 /// Another task's failure as an answer: its code and message, the failed task named in the
 /// payload (what TF's agent gets from a pushed `ReportErrorToTask`).
+/// What TensorFlow's Heartbeat answers `task` (of the current call's namespace), before its
+/// error gets its payload: the service incarnation, or the task's own state as an error, or another
+/// task's failure the task has not learnt of (see the module doc). Shared by the Heartbeat call and
+/// the heartbeats a sidecar sends together (`api::coordination`).
+pub(crate) fn heartbeat_answer(
+    core: &CoordCore,
+    task: &coord_raft_store::state::TaskName,
+    incarnation: u64,
+) -> Result<u64, CoordError> {
+    let leader_incarnation = core.heartbeat(task, incarnation)?;
+    if let Some(e) = core.unseen_error(task)? {
+        return Err(propagated(&e));
+    }
+    Ok(leader_incarnation)
+}
+
 fn propagated(e: &ErrorEvent) -> CoordError {
     with_payloads(
         grpc_code(e.error.code),

@@ -9,7 +9,7 @@ use std::future::Future;
 use tonic::{Request, Response, Status};
 
 use super::waits::Answer;
-use super::{client, entry, propagated, refused_registration, served, TfService};
+use super::{client, entry, heartbeat_answer, propagated, refused_registration, served, TfService};
 use crate::api::deferred;
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{state_to, task_from, task_to, tasks_from};
@@ -71,10 +71,7 @@ impl CoordinationService for TfService {
                 |m, _| {
                     served(async move {
                         let task = task_from(m.source_task.as_ref(), "source_task")?;
-                        let leader_incarnation = core.heartbeat(&task, m.incarnation)?;
-                        if let Some(e) = core.unseen_error(&task)? {
-                            return Err(propagated(&e));
-                        }
+                        let leader_incarnation = heartbeat_answer(core, &task, m.incarnation)?;
                         Ok(tf::HeartbeatResponse { leader_incarnation })
                     })
                 },
