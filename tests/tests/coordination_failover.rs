@@ -1,6 +1,7 @@
 //! A leader change in the middle of a barrier, a WaitForAllTasks, a shutdown barrier or an error
 //! poll changes no outcome: committed arrivals stay, callers re-drive their call on the new
-//! leader, and timers re-arm from the stored absolute deadlines.
+//! leader, and timers re-arm from the stored absolute deadlines. Nor does a leader that stalls: the
+//! time it was stopped is not counted as its tasks' heartbeat silence.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,15 @@ async fn register(env: &Env, n: i32) -> u64 {
             .expect("register");
     }
     incarnation
+}
+
+/// Asserts that every task is in `state`; when one is not, panics saying `why`, with the states.
+async fn assert_all_in(env: &Env, state: tf::CoordinatedTaskState, why: &str) {
+    let states = env.client.task_states(&[]).await.expect("states");
+    assert!(
+        states.tasks.iter().all(|t| t.state == state as i32),
+        "{why}: {states:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,14 +173,12 @@ async fn the_shutdown_barrier_survives_the_leader_kill() {
     for l in leaving {
         l.await.expect("join").expect("re-driven shutdown");
     }
-    let states = env.client.task_states(&[]).await.expect("states");
-    assert!(
-        states
-            .tasks
-            .iter()
-            .all(|t| t.state == tf::CoordinatedTaskState::TaskstateDisconnected as i32),
-        "all disconnect together: {states:?}"
-    );
+    assert_all_in(
+        &env,
+        tf::CoordinatedTaskState::TaskstateDisconnected,
+        "all disconnect together",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,17 +236,62 @@ async fn a_new_leader_gives_tasks_a_full_heartbeat_timeout() {
     // Tasks that keep heartbeating through the failover stay connected well past the timeout.
     let until = Instant::now() + Duration::from_millis(4500);
     while Instant::now() < until {
-        let states = env.client.task_states(&[]).await.expect("states");
-        assert!(
-            states
-                .tasks
-                .iter()
-                .all(|t| t.state == tf::CoordinatedTaskState::TaskstateConnected as i32),
-            "a heartbeating task was put in error after the leader change: {states:?}"
-        );
+        assert_all_in(
+            &env,
+            tf::CoordinatedTaskState::TaskstateConnected,
+            "a heartbeating task was put in error after the leader change",
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     for b in beats {
         b.abort();
     }
+}
+
+/// A leader stopped (SIGSTOP: a stalled VM, an overloaded host) for longer than the heartbeat
+/// timeout declares no task dead when it resumes: it read nothing meanwhile, so the time is its
+/// own stall, not its tasks' silence. One replica, so no other leader takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_leader_declares_no_task_dead() {
+    let mut env = Env::start(1, &["--job", "worker=2", "--heartbeat-timeout-ms", "1500"]).await;
+    let incarnation = register(&env, 2).await;
+    let leader = leader_of(&mut env).await;
+    let before = env
+        .cluster
+        .metric(leader, "coord_replica_stalled_seconds_total");
+    for i in 0..2 {
+        env.client
+            .heartbeat(&w(i), 1000 + i as u64)
+            .await
+            .expect("heartbeat");
+    }
+    env.cluster.pause(leader);
+    // The stall itself: a duration, not a wait for a condition.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.cluster.resume(leader);
+    for i in 0..2 {
+        assert_eq!(
+            env.client
+                .heartbeat(&w(i), 1000 + i as u64)
+                .await
+                .expect("heartbeat after the stall"),
+            incarnation,
+            "w{i}'s first heartbeat after the stall"
+        );
+    }
+    assert_all_in(
+        &env,
+        tf::CoordinatedTaskState::TaskstateConnected,
+        "a task was put in error for the leader's own stall",
+    )
+    .await;
+    let stalled = env
+        .cluster
+        .metric(leader, "coord_replica_stalled_seconds_total")
+        - before;
+    assert!(
+        (3.0..6.0).contains(&stalled),
+        "4 s stopped, counted as {stalled:.2} s of stall"
+    );
 }

@@ -7,11 +7,12 @@
 //! `coord.coordination.Coordination/Heartbeats` call; each task gets the answer its own call would
 //! have had (its error, with TensorFlow's payloads, included), later by at most the window.
 //!
-//! Tasks answered together send their next heartbeats together (TensorFlow's agent waits its
-//! interval after each answer), so a host's tasks fall into one call per interval however their
-//! heartbeats began. The window must stay well under the agents' interval, which is also their
-//! heartbeat call's deadline; the leader hears each heartbeat later by up to the window, which the
-//! heartbeat timeout (twice the interval) leaves room for.
+//! A heartbeat that finds no batch open opens one, so a sidecar of k tasks whose agents beat every
+//! interval sends about 1 + k × window / interval heartbeats a call (tasks answered together do
+//! not merge with the others: each keeps its own period). The window must stay well under the
+//! agents' interval, which is also their heartbeat call's deadline; the leader hears each
+//! heartbeat later by up to the window, which the heartbeat timeout (twice the interval) leaves
+//! room for.
 //!
 //! An ensemble without the call (an older release) answers UNIMPLEMENTED: the proxy then sends
 //! every heartbeat on its own, as before.

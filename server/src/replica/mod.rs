@@ -590,6 +590,7 @@ impl Replica {
             links: self.link_stats.clone(),
             hub: self.hub.clone(),
             leader: self.leader.clone(),
+            heartbeats: self.coord.heartbeats.clone(),
         }
     }
 }

@@ -12,6 +12,14 @@
 //! timeout costs about 10,000 such looks a second, and a tick with nothing due costs one. Only
 //! the moment this replica begins to lead walks every connected task, to give each its grace.
 //!
+//! Silence is measured on the leader's own clock: wall time less the time this replica itself was
+//! stalled. A leader whose runtime is overloaded (or whose process was stopped) reads heartbeats
+//! late, and counting that delay as the tasks' silence would declare live tasks dead by the
+//! thousand at once, whose error decisions then add to the very load that caused them. The
+//! checker sees such a stall as its own tick waking late: what passes [`STALL_SLACK`] is left out
+//! of every task's silence. A truly dead task is still found, later by the stall; a replica that
+//! is always late still advances its clock by at least `TICK + STALL_SLACK` a tick.
+//!
 //! Tasks are known by namespace and name (the same task name in two namespaces is two tasks); a
 //! call's task is in the namespace the call is bound to.
 
@@ -40,12 +48,20 @@ fn bound(task: &TaskName) -> Task {
 /// this of its timeout.
 const TICK: Duration = Duration::from_millis(20);
 
+/// How late a tick may wake before the lateness counts as this replica's own stall: more than a
+/// busy runtime's usual delay, well under any heartbeat timeout.
+const STALL_SLACK: Duration = Duration::from_millis(100);
+
+/// A stall this long is logged (shorter ones only add to the metric).
+const STALL_LOGGED: Duration = Duration::from_secs(1);
+
 #[derive(Default)]
 pub struct Heartbeats {
     inner: Mutex<Inner>,
 }
 
-/// What the leader last heard from a task.
+/// What the leader last heard from a task. Instants here are on the leader's clock
+/// ([`Inner::clock`]).
 struct Heard {
     incarnation: u64,
     at: Instant,
@@ -97,11 +113,19 @@ struct Inner {
     due: BinaryHeap<Reverse<Due>>,
     /// When this replica's current leadership began (grace for every task).
     since: Option<Instant>,
-    /// When each task last disconnected through this leader (ShutdownTask, ResetTask).
+    /// When each task last disconnected through this leader (ShutdownTask, ResetTask), wall clock.
     disconnected: HashMap<Task, Instant>,
+    /// How long this replica has been stalled in all: the leader's clock is the wall clock less
+    /// this (see the module doc).
+    stalled: Duration,
 }
 
 impl Inner {
+    /// The leader's clock at wall-clock instant `wall`: `wall` less every stall so far.
+    fn clock(&self, wall: Instant) -> Instant {
+        wall.checked_sub(self.stalled).unwrap_or(wall)
+    }
+
     /// Notes `task` heard at `at`, queueing it if it is checked and not queued already.
     fn heard(&mut self, task: Task, incarnation: u64, timeout: Duration, at: Instant) {
         let queue = if let Some(h) = self.last.get_mut(&task) {
@@ -174,8 +198,9 @@ impl Inner {
     /// an earlier leadership heard is forgotten, what this one heard already is kept, and every
     /// connected task not heard yet counts as heard at `since`.
     fn start_leading(&mut self, since: Instant, connected: Vec<(Task, u64, Duration)>) {
+        let (wall, since) = (since, self.clock(since));
         self.last.retain(|_, h| h.at >= since);
-        self.disconnected.retain(|_, at| *at >= since);
+        self.disconnected.retain(|_, at| *at >= wall);
         self.due.clear();
         for (task, incarnation, timeout) in connected {
             self.last.entry(task).or_insert(Heard {
@@ -205,8 +230,29 @@ impl Heartbeats {
     /// `task` (of the current call's namespace, whose heartbeat timeout is `timeout`) was heard
     /// from just now.
     pub fn record(&self, task: &TaskName, incarnation: u64, timeout: Duration) {
-        self.inner()
-            .heard(bound(task), incarnation, timeout, Instant::now());
+        let mut g = self.inner();
+        let at = g.clock(Instant::now());
+        g.heard(bound(task), incarnation, timeout, at);
+    }
+
+    /// How long this replica has been stalled in all (`coord_replica_stalled_seconds_total`).
+    pub fn stalled(&self) -> Duration {
+        self.inner().stalled
+    }
+
+    /// The checker's tick woke `late` after it was due (counted from the last tick's waking):
+    /// what passes [`STALL_SLACK`] was this replica's own stall.
+    fn woke_late(&self, late: Duration) {
+        let Some(stall) = late.checked_sub(STALL_SLACK).filter(|s| !s.is_zero()) else {
+            return;
+        };
+        self.inner().stalled += stall;
+        if stall >= STALL_LOGGED {
+            tracing::warn!(
+                stall_ms = stall.as_millis() as u64,
+                "this replica was stalled (its heartbeat checker woke late); that time is not counted as any task's heartbeat silence"
+            );
+        }
     }
 
     /// The task disconnected just now (its ShutdownTask or ResetTask committed).
@@ -228,8 +274,11 @@ impl Heartbeats {
 
     /// How long ago the task was last heard from with `incarnation` (leader memory only).
     pub fn age(&self, task: &TaskName, incarnation: u64) -> Option<Duration> {
-        match self.inner().last.get(&bound(task)) {
-            Some(h) if h.heard && h.incarnation == incarnation => Some(h.at.elapsed()),
+        let g = self.inner();
+        match g.last.get(&bound(task)) {
+            Some(h) if h.heard && h.incarnation == incarnation => {
+                Some(g.clock(Instant::now()).saturating_duration_since(h.at))
+            }
             _ => None,
         }
     }
@@ -273,7 +322,11 @@ pub async fn check(
     proposer: Proposer,
 ) {
     let mut leading = false;
+    let mut woke = Instant::now();
     loop {
+        // Wake to wake, so a stop that lands while the checker works counts too.
+        let last = std::mem::replace(&mut woke, Instant::now());
+        heartbeats.woke_late(woke.saturating_duration_since(last).saturating_sub(TICK));
         let now_leading = leader.current() == Leadership::Me;
         if now_leading && !leading {
             let since = leader
@@ -284,10 +337,10 @@ pub async fn check(
         }
         leading = now_leading;
         if leading {
-            let now = Instant::now();
-            let (fell, since) = {
+            let (now, fell, since) = {
                 let mut g = heartbeats.inner();
-                (g.fell_due(now), g.since.unwrap_or(now))
+                let now = g.clock(Instant::now());
+                (now, g.fell_due(now), g.since.unwrap_or(now))
             };
             for f in fell {
                 // Only a task still connected is put in error. One connected with another
@@ -369,6 +422,29 @@ mod tests {
         inner.heard(unchecked, 1, Duration::ZERO, t0);
         assert!(inner.due.is_empty());
         assert!(fell(&mut inner, t0 + 100 * sec).is_empty());
+    }
+
+    #[test]
+    fn the_replicas_own_stall_is_not_counted_as_silence() {
+        let heartbeats = Heartbeats::default();
+        let t: Task = (None, TaskName::new("w", 0));
+        let sec = Duration::from_secs(1);
+        let t0 = Instant::now();
+        heartbeats.inner().heard(t.clone(), 1, 10 * sec, t0);
+        // Lateness within the slack is a busy runtime's, not a stall.
+        heartbeats.woke_late(STALL_SLACK);
+        assert_eq!(heartbeats.stalled(), Duration::ZERO);
+        // The process stopped for 5 s: the task is silent 5 s longer before it falls due.
+        heartbeats.woke_late(5 * sec + STALL_SLACK);
+        assert_eq!(heartbeats.stalled(), 5 * sec);
+        let mut g = heartbeats.inner();
+        let at = |g: &Inner, wall| g.clock(wall);
+        let (early, due) = (at(&g, t0 + 14 * sec), at(&g, t0 + 16 * sec));
+        assert!(
+            fell(&mut g, early).is_empty(),
+            "14 s of wall time, 9 of silence"
+        );
+        assert_eq!(fell(&mut g, due), vec![(t, 1)]);
     }
 
     #[test]

@@ -76,6 +76,8 @@ struct Measured {
     report: TasksReport,
     connections: usize,
     elections: u64,
+    /// The leader's `coord_replica_stalled_seconds_total` just before its kill.
+    stalled: f64,
 }
 
 /// Runs `coord-bench tasks`.
@@ -155,7 +157,9 @@ async fn measure(load: &Load) -> Result<Measured, String> {
         "coord-bench: {} tasks over {} connections, heartbeat every {:?}, leader is replica {leader} (pid {pid})",
         load.tasks, load.connections, load.heartbeat_every
     );
+    let mut stalled = 0.0;
     let report = run(cluster.endpoints(), load, pid, parked, || {
+        stalled = cluster.metric(leader, "coord_replica_stalled_seconds_total");
         cluster.kill(leader)
     })
     .await;
@@ -170,6 +174,7 @@ async fn measure(load: &Load) -> Result<Measured, String> {
         report,
         connections: load.connections,
         elections,
+        stalled,
     })
 }
 
@@ -250,6 +255,11 @@ fn print(runs: &[Measured], no_gzip: bool) {
         "leader RSS growth per parked WaitForAllTasks call",
         "<= 4096 B",
         &|m| format!("{:.0} B", m.report.rss_per_parked_wait()),
+    );
+    row(
+        "leader's own stall before the kill (not counted as silence)",
+        "",
+        &|m| format!("{:.1} s", m.stalled),
     );
     row("failed heartbeats before the kill", "0", &|m| {
         m.report.heartbeat_errors.to_string()

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use coord_raft_store::state::TaskState;
 
 use super::observed::Observed;
-use crate::ops::metrics::{counter, gauge, header, single_histogram};
+use crate::ops::metrics::{counter, counter_f64, gauge, header, single_histogram};
 
 pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
     let st = r.status();
@@ -82,6 +82,12 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "coord_quota_alarm",
         "1 while the quota alarm is raised: a write was refused for the quota and usage has not fallen below 95% of it since.",
         f64::from(u8::from(st.quota_alarm)),
+    );
+    counter_f64(
+        &mut out,
+        "coord_replica_stalled_seconds_total",
+        "Time this replica was stalled (overloaded or stopped: its heartbeat checker woke over 100 ms late), which is not counted as any task's heartbeat silence.",
+        r.heartbeats.stalled().as_secs_f64(),
     );
     r.rpcs.render_rpcs(&mut out);
 

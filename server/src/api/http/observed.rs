@@ -42,6 +42,8 @@ pub struct Observed {
     pub hub: Arc<ApplyHub>,
     /// Who leads, as this replica believes (`coord_has_leader`).
     pub leader: crate::raft::leader::LeaderWatch,
+    /// The heartbeat checker, for the time this replica was stalled.
+    pub heartbeats: Arc<crate::serve::heartbeats::Heartbeats>,
 }
 
 impl Observed {
