@@ -243,7 +243,7 @@ impl Heartbeats {
     /// The checker's tick woke `late` after it was due (counted from the last tick's waking):
     /// what passes [`STALL_SLACK`] was this replica's own stall.
     fn woke_late(&self, late: Duration) {
-        let Some(stall) = late.checked_sub(STALL_SLACK).filter(|s| !s.is_zero()) else {
+        let Some(stall) = late.checked_sub(STALL_SLACK) else {
             return;
         };
         self.inner().stalled += stall;
@@ -438,8 +438,7 @@ mod tests {
         heartbeats.woke_late(5 * sec + STALL_SLACK);
         assert_eq!(heartbeats.stalled(), 5 * sec);
         let mut g = heartbeats.inner();
-        let at = |g: &Inner, wall| g.clock(wall);
-        let (early, due) = (at(&g, t0 + 14 * sec), at(&g, t0 + 16 * sec));
+        let (early, due) = (g.clock(t0 + 14 * sec), g.clock(t0 + 16 * sec));
         assert!(
             fell(&mut g, early).is_empty(),
             "14 s of wall time, 9 of silence"
