@@ -9,8 +9,10 @@
 //!
 //! - `tasks`: registration, WaitForAllTasks, heartbeats and their timeouts, reported errors.
 //! - `barriers`: barriers that pass and are reused, and every way a barrier fails.
+//! - `beats`, `arrivals`: heartbeats and barrier arrivals a sidecar sends together.
 //! - `shutdown`: ShutdownTask with and without a shutdown barrier, and the service's shutdown.
 
+mod arrivals;
 mod barriers;
 mod beats;
 mod env;
@@ -19,6 +21,9 @@ mod tasks;
 
 pub use env::{assert_code, task, w, Env, LEADER_TIMEOUT};
 
+pub use arrivals::{
+    a_sidecar_records_its_tasks_barrier_arrivals_together, barrier_arrivals_recorded_together,
+};
 pub use barriers::{barrier_failures, barriers_pass_and_are_reused};
 pub use beats::{a_sidecar_sends_its_tasks_heartbeats_together, heartbeats_sent_together};
 pub use shutdown::{shutdown_barrier, shutdown_service_aborts_barriers, shutdown_without_barrier};
@@ -64,6 +69,14 @@ macro_rules! coordination_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn barrier_failures() {
             suite::barrier_failures($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn barrier_arrivals_recorded_together() {
+            suite::barrier_arrivals_recorded_together($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_sidecar_records_its_tasks_barrier_arrivals_together() {
+            suite::a_sidecar_records_its_tasks_barrier_arrivals_together($replicas).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn shutdown_service_aborts_barriers() {

@@ -70,6 +70,47 @@ async fn a_barrier_survives_the_leader_kill() {
     );
 }
 
+/// coord-proxy records its tasks' arrivals and waits on the barrier with one call: that wait is
+/// re-parked on the new leader, and every task is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
+    let mut env = Env::start(3, &["--job", "worker=3"]).await;
+    let sidecar = coord_tests::jax::Sidecar::start(&env.cluster.endpoints());
+    register(&env, 3).await;
+    let tf = tf::coordination_service_client::CoordinationServiceClient::connect(format!(
+        "http://{}",
+        sidecar.addr
+    ))
+    .await
+    .expect("connect to the sidecar");
+    let arrive = |i: i32| {
+        let mut tf = tf.clone();
+        tokio::spawn(async move {
+            tf.barrier(tf::BarrierRequest {
+                barrier_id: "sync".into(),
+                barrier_timeout_in_ms: 60_000,
+                tasks: Vec::new(),
+                source_task: Some(w(i)),
+                counter: 0,
+            })
+            .await
+            .map(|r| r.into_inner().counter)
+        })
+    };
+    let waiting: Vec<_> = (0..2).map(arrive).collect();
+    // The sidecar's one wait, parked once an arrival is recorded (the other may still be on its
+    // way: the proxy sends it again to the new leader).
+    env.wait_parked(1).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    let new = leader_of(&mut env).await;
+    assert_ne!(new, old);
+    assert_eq!(arrive(2).await.expect("join").expect("last arrival"), 0);
+    for wtask in waiting {
+        assert_eq!(wtask.await.expect("join").expect("re-parked wait"), 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_barrier_deadline_fires_on_the_new_leader() {
     let mut env = Env::start(3, &["--job", "worker=2"]).await;

@@ -129,6 +129,8 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
         // Each connection's tasks' heartbeats sent together, as coord-proxy sends them: through
         // the leader's kill too.
         heartbeat_batch: Duration::from_millis(200),
+        // And their barrier arrivals recorded together, each sidecar waiting with one call.
+        barriers_together: true,
     };
     let mut env = Env::start(
         3,

@@ -66,6 +66,11 @@ struct Cli {
     /// heartbeat on its own, at once.
     #[arg(long, default_value_t = coord_agent::proxy::beats::DEFAULT_WINDOW.as_millis() as u64)]
     heartbeat_batch_ms: u64,
+    /// Send each TensorFlow task's Barrier call to the ensemble on its own, parked there until
+    /// the barrier passes, instead of recording the tasks' arrivals together and waiting on each
+    /// barrier instance with one call for all of them (the default).
+    #[arg(long)]
+    barriers_one_by_one: bool,
     /// Also serve torch's TCPStore protocol here (HOST:PORT), over the ensemble: point torchrun's
     /// --rdzv-endpoint, or MASTER_ADDR/MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, at it.
     #[arg(long, env = "COORD_TCPSTORE_LISTEN")]
@@ -201,7 +206,8 @@ async fn run(cli: Cli) -> ExitCode {
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);
     let tf = TfProxy::new(client.clone())
-        .with_heartbeat_window(Duration::from_millis(cli.heartbeat_batch_ms));
+        .with_heartbeat_window(Duration::from_millis(cli.heartbeat_batch_ms))
+        .with_barriers_together(!cli.barriers_one_by_one);
     let tf = TfServer::new(tf)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)

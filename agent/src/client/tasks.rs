@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
-    Beat, BeatAnswer, GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest,
-    PollForErrorRequest, PollForErrorResponse,
+    AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, Beat, BeatAnswer,
+    GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest, PollForErrorRequest,
+    PollForErrorResponse,
 };
 use coord_proto::tensorflow as tf;
 use tonic::Status;
@@ -64,6 +65,35 @@ impl CoordClient {
             })
             .await?;
         Ok(resp.answers)
+    }
+
+    /// Several tasks' Barrier arrivals in one call, recorded without waiting (as a sidecar carrying
+    /// them sends them, see `proxy::barriers`); one answer per arrival, in order: its call's
+    /// outcome, or pending while its instance waits for others ([`Self::await_barrier`]).
+    pub async fn barrier_arrivals(
+        &self,
+        arrivals: Vec<tf::BarrierRequest>,
+    ) -> Result<Vec<BarrierAnswer>, Status> {
+        let req = BarrierArrivalsRequest { arrivals };
+        let resp = self
+            .mutate(req, |ch, r| async move {
+                CoordinationClient::new(ch).barrier_arrivals(r).await
+            })
+            .await?;
+        Ok(resp.answers)
+    }
+
+    /// Waits until instance `counter` of barrier `id` has an outcome; the answer of every task
+    /// waiting there.
+    pub async fn await_barrier(&self, id: &str, counter: i64) -> Result<BarrierAnswer, Status> {
+        let req = AwaitBarrierRequest {
+            barrier_id: id.to_string(),
+            counter,
+        };
+        self.call_parked(req, None, |ch, r| async move {
+            CoordinationClient::new(ch).await_barrier(r).await
+        })
+        .await
     }
 
     /// Waits until every task has called this; returns the cluster's devices.

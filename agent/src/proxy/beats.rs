@@ -28,6 +28,7 @@ use coord_proto::tensorflow::coordination_service_client::CoordinationServiceCli
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 
+use super::final_status;
 use crate::client::CoordClient;
 
 /// How long the proxy holds a heartbeat by default: a small part of TensorFlow's 5 s interval.
@@ -196,15 +197,5 @@ fn answered(a: BeatAnswer) -> Answer {
     if a.error_code == 0 {
         return Ok(a.leader_incarnation);
     }
-    let mut s = Status::with_details(
-        Code::from_i32(a.error_code),
-        a.error_message,
-        a.error_details,
-    );
-    // The service's answer, as its own call's error is marked: not a failure on the way to it.
-    s.metadata_mut().insert(
-        coord_proto::metadata::FINAL,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    Err(s)
+    Err(final_status(a.error_code, a.error_message, a.error_details))
 }

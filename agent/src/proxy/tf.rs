@@ -3,6 +3,7 @@
 
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 
+use super::barriers::BarrierBatches;
 use super::beats::{HeartbeatBatches, DEFAULT_WINDOW};
 use super::{proxy_service, Call, MESSAGE_LIMIT};
 use crate::client::Channel;
@@ -32,12 +33,12 @@ proxy_service! {
     increment_key_value(IncrementKeyValueRequest) -> IncrementKeyValueResponse: Call::Write;
     get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::Read;
     delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse: Call::Write;
-    barrier(BarrierRequest) -> BarrierResponse: Call::WaitingWrite;
     cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
     get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;
     poll_for_error(PollForErrorRequest) -> PollForErrorResponse: Call::WaitingRead;
     @fields {
         beats: HeartbeatBatches = HeartbeatBatches::new(DEFAULT_WINDOW),
+        barriers: BarrierBatches = BarrierBatches::new(true),
     }
     @custom {
         /// Held a moment and sent with the other tasks' heartbeats (see [`super::beats`]).
@@ -50,6 +51,18 @@ proxy_service! {
                 .await
                 .map(tonic::Response::new)
         }
+
+        /// Recorded with the other tasks' arrivals, and answered with them from one wait on the
+        /// instance (see [`super::barriers`]).
+        async fn barrier(
+            &self,
+            req: tonic::Request<pb::BarrierRequest>,
+        ) -> Result<tonic::Response<pb::BarrierResponse>, tonic::Status> {
+            self.barriers
+                .barrier(&self.client, req.into_inner())
+                .await
+                .map(tonic::Response::new)
+        }
     }
 }
 
@@ -57,6 +70,13 @@ impl TfProxy {
     /// Heartbeats held up to `window` and sent together (zero: each on its own, at once).
     pub fn with_heartbeat_window(mut self, window: std::time::Duration) -> Self {
         self.beats = HeartbeatBatches::new(window);
+        self
+    }
+
+    /// Each task's Barrier call sent on its own (false), or arrivals recorded together (true, the
+    /// default).
+    pub fn with_barriers_together(mut self, together: bool) -> Self {
+        self.barriers = BarrierBatches::new(together);
         self
     }
 }

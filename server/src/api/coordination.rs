@@ -1,11 +1,14 @@
 //! `coord.coordination.Coordination`: how agents learn of errors (a long poll, re-driven across
 //! leader changes by its sequence number), read task states, and how a sidecar sends the
-//! heartbeats of the tasks it carries in one call.
+//! heartbeats and barrier arrivals of the tasks it carries together.
 //!
 //! TensorFlow's agents heartbeat every 5 s: 20,000 calls a second for a job of 100,000 tasks, each
 //! an HTTP/2 stream with its headers and trailers, which costs the leader more than the heartbeat
 //! itself. A sidecar carrying several tasks of a host holds their heartbeats a moment and sends
 //! them together ([`Coordination::heartbeats`]); each is answered as its own call would have been.
+//! Likewise its tasks' barrier arrivals are recorded together, and it waits on each instance with
+//! one call ([`Coordination::barrier_arrivals`], [`Coordination::await_barrier`], see
+//! `serve::coordination::arrivals`).
 
 use std::sync::Arc;
 
@@ -13,9 +16,11 @@ use crate::raft::peers::PeerChannel;
 use coord_proto::coord::coordination as pb;
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
+use coord_proto::tensorflow as tf;
+use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
-use crate::api::payloads::detailed_with;
+use crate::api::payloads::{barrier_error, detailed_with};
 use crate::api::tf::heartbeat_answer;
 use crate::api::wire::{error_payload, state_to, task_from, task_to, tasks_from};
 use crate::error::{grpc_code, CoordError};
@@ -37,6 +42,20 @@ impl CoordService {
 /// large still answers in a few milliseconds.
 pub const MAX_BEATS: usize = 65_536;
 
+/// Most barrier arrivals one call may carry, as heartbeats.
+pub const MAX_ARRIVALS: usize = MAX_BEATS;
+
+/// An error a call of its own would have ended with, as the code, message and status details an
+/// answer among several carries.
+fn error_fields(e: CoordError) -> (i32, String, Vec<u8>) {
+    let s = Status::from(e);
+    (
+        s.code() as i32,
+        s.message().to_string(),
+        s.details().to_vec(),
+    )
+}
+
 /// One beat's answer as its own Heartbeat call would have had it; `Err` for an error the whole
 /// call must end with, one that routing re-drives (the leader changed meanwhile).
 fn beat_answer(core: &CoordCore, i: usize, beat: &pb::Beat) -> Result<pb::BeatAnswer, CoordError> {
@@ -49,15 +68,71 @@ fn beat_answer(core: &CoordCore, i: usize, beat: &pb::Beat) -> Result<pb::BeatAn
         }),
         Err(e) if e.is_retryable() => Err(e),
         Err(e) => {
-            let s = Status::from(e);
+            let (error_code, error_message, details) = error_fields(e);
             Ok(pb::BeatAnswer {
                 leader_incarnation: 0,
-                error_code: s.code() as i32,
-                error_message: s.message().to_string(),
-                error_details: s.details().to_vec().into(),
+                error_code,
+                error_message,
+                error_details: details.into(),
             })
         }
     }
+}
+
+/// What a task's Barrier call is answered with once its instance is decided (`Outcome`) or it
+/// failed by itself (`Err`): TensorFlow's `BarrierError` names the barrier as the task called it.
+/// `Err` from this function is an error the whole call must end with (the leader changed).
+fn barrier_answer(
+    decided: Result<(i64, Option<Outcome>), CoordError>,
+    barrier_id: &str,
+    asked: i64,
+) -> Result<pb::BarrierAnswer, CoordError> {
+    let failed = |e: CoordError| {
+        let (error_code, error_message, details) =
+            error_fields(barrier_error(e, barrier_id, asked));
+        pb::BarrierAnswer {
+            counter: asked,
+            error_code,
+            error_message,
+            error_details: details.into(),
+            ..Default::default()
+        }
+    };
+    match decided {
+        Ok((counter, None)) => Ok(pb::BarrierAnswer {
+            pending: true,
+            counter,
+            ..Default::default()
+        }),
+        Ok((counter, Some(Outcome::Passed))) => Ok(pb::BarrierAnswer {
+            counter,
+            ..Default::default()
+        }),
+        Ok((_, Some(Outcome::Failed { code, message }))) => {
+            Ok(failed(CoordError::status(code, message)))
+        }
+        Err(e) if e.is_retryable() => Err(e),
+        Err(e) => Ok(failed(e)),
+    }
+}
+
+/// Records one arrival as the task's own Barrier call would (its fields named as that call names
+/// them, so that the answers are the same); its answer.
+async fn arrival_answer(
+    core: &CoordCore,
+    a: tf::BarrierRequest,
+) -> Result<pb::BarrierAnswer, CoordError> {
+    let named = task_from(a.source_task.as_ref(), "source_task")
+        .and_then(|s| Ok((s, tasks_from(&a.tasks, "tasks")?)));
+    let recorded = core
+        .barrier_arrival(
+            a.barrier_id.clone(),
+            a.counter,
+            a.barrier_timeout_in_ms,
+            named,
+        )
+        .await;
+    barrier_answer(recorded, &a.barrier_id, a.counter)
 }
 
 fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
@@ -137,6 +212,75 @@ impl Coordination for CoordService {
                     Ok(pb::HeartbeatsResponse { answers })
                 },
                 |ch, r| async move { client(ch).heartbeats(r).await },
+            )
+            .await
+    }
+
+    /// Each arrival as TensorFlow's Barrier records it (`api::tf`), under the same check of the
+    /// caller: a task's certificate may send only its own.
+    async fn barrier_arrivals(
+        &self,
+        req: Request<pb::BarrierArrivalsRequest>,
+    ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
+        const METHOD: &str = "coordination/BarrierArrivals";
+        let arrivals = &req.get_ref().arrivals;
+        if arrivals.len() > MAX_ARRIVALS {
+            let over = Status::resource_exhausted(format!(
+                "{METHOD}: {} arrivals in one call, over the limit of {MAX_ARRIVALS}; send them \
+                 in several calls",
+                arrivals.len()
+            ));
+            self.router.checked(METHOD, Err(over))?;
+        }
+        for (i, a) in arrivals.iter().enumerate() {
+            let field = format!("arrivals[{i}].source_task");
+            self.router
+                .check_task(&req, METHOD, &field, a.source_task.as_ref())?;
+        }
+        let core = &*self.core;
+        self.router
+            .route(
+                METHOD,
+                Kind::Write,
+                req,
+                |m, _| async move {
+                    // Proposed together: the proposer puts them in few log entries.
+                    let answers = futures::future::join_all(
+                        m.arrivals.into_iter().map(|a| arrival_answer(core, a)),
+                    )
+                    .await
+                    .into_iter()
+                    .collect::<Result<_, _>>()?;
+                    Ok(pb::BarrierArrivalsResponse { answers })
+                },
+                |ch, r| async move { client(ch).barrier_arrivals(r).await },
+            )
+            .await
+    }
+
+    async fn await_barrier(
+        &self,
+        req: Request<pb::AwaitBarrierRequest>,
+    ) -> Result<Response<pb::BarrierAnswer>, Status> {
+        let core = &*self.core;
+        self.router
+            .route(
+                "coordination/AwaitBarrier",
+                Kind::Read,
+                req,
+                |m, _| async move {
+                    let decided = core
+                        .await_instance(m.barrier_id.clone(), m.counter)
+                        .await
+                        .map(|outcome| (m.counter, Some(outcome)));
+                    // A request that cannot wait (no id, a forgotten instance) is the call's own
+                    // error; an instance's failure is its answer.
+                    match decided {
+                        Err(e) => Err(e),
+                        decided => barrier_answer(decided, &m.barrier_id, m.counter),
+                    }
+                },
+                |ch, r| async move { client(ch).await_barrier(r).await },
             )
             .await
     }

@@ -8,8 +8,10 @@
 //!
 //! [`CoordCore`] is here with the calls that answer at once (registration, heartbeats, errors,
 //! task states, runs); the calls that wait, and how they park, are in `waits`, which builds on
-//! this module and is not used by it.
+//! this module and is not used by it; `arrivals` has the barrier arrivals a sidecar sends
+//! together and the one wait it parks per instance.
 
+mod arrivals;
 mod waits;
 
 use std::sync::Arc;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use coord_agent::proxy::barriers::BarrierBatches;
 use coord_agent::proxy::beats::HeartbeatBatches;
 use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
@@ -25,6 +26,9 @@ pub struct TasksReport {
     pub device_bytes: usize,
     /// Leader RSS with every task's WaitForAllTasks call but one parked.
     pub leader_rss_waits_parked: u64,
+    /// The tasks' barrier arrivals were recorded together by their sidecars, each waiting on the
+    /// barrier with one call (see [`Load::barriers_together`]).
+    pub barriers_together: bool,
     /// From the moment the last task arrived at the barrier to the moment every task's call
     /// returned.
     pub barrier_release: Duration,
@@ -64,7 +68,8 @@ impl TasksReport {
             / self.tasks.saturating_sub(1).max(1) as f64
     }
 
-    /// What each parked barrier call adds to the leader.
+    /// What each task waiting at the barrier adds to the leader (its parked call, or its sidecar's
+    /// share of one).
     pub fn rss_per_parked_call(&self) -> f64 {
         self.leader_rss_after
             .saturating_sub(self.leader_rss_before_barrier) as f64
@@ -331,6 +336,10 @@ pub struct Load {
     /// Each connection's sidecar holds its tasks' heartbeats this long and sends them together,
     /// as coord-proxy does (zero: each task's heartbeat is its own TensorFlow call).
     pub heartbeat_batch: Duration,
+    /// Each connection's sidecar records its tasks' barrier arrivals together and waits on the
+    /// barrier with one call, as coord-proxy does (false: each task's Barrier call parks on the
+    /// leader, as a task talking to the ensemble directly sends it).
+    pub barriers_together: bool,
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
@@ -350,6 +359,7 @@ pub async fn run(
         cpu_window,
         arrivals_per_second,
         heartbeat_batch,
+        barriers_together,
     } = load.clone();
     let clients: Vec<CoordClient> = (0..connections.max(1))
         .map(|_| CoordClient::new(ClientOptions::new(endpoints.clone())).map_err(|e| e.to_string()))
@@ -363,6 +373,10 @@ pub async fn run(
     let sidecars: Vec<Arc<HeartbeatBatches>> = clients
         .iter()
         .map(|_| Arc::new(HeartbeatBatches::new(heartbeat_batch)))
+        .collect();
+    let barrier_sidecars: Vec<Arc<BarrierBatches>> = clients
+        .iter()
+        .map(|_| Arc::new(BarrierBatches::new(barriers_together)))
         .collect();
     let rss_before = rss_bytes(leader_pid).unwrap_or(0);
 
@@ -447,16 +461,34 @@ pub async fn run(
     // Then the last task calls WaitForAllTasks, then arrives at the barrier; each is timed from
     // that call until every task's call has returned.
     let arrive = |i: usize| {
-        let c = client(i);
+        let (c, sidecar) = (
+            client(i),
+            barrier_sidecars[i % barrier_sidecars.len()].clone(),
+        );
         Spawned::new(async move {
-            c.barrier("bench-barrier", 0, Duration::from_secs(600), &[], &task(i))
-                .await
-                .map(|_| Instant::now())
+            let req = tf::BarrierRequest {
+                barrier_id: "bench-barrier".into(),
+                barrier_timeout_in_ms: 600_000,
+                tasks: Vec::new(),
+                source_task: Some(task(i)),
+                counter: 0,
+            };
+            sidecar.barrier(&c, req).await.map(|_| Instant::now())
         })
     };
     let leader_rss_before_barrier = rss_bytes(leader_pid).unwrap_or(0);
     let early = paced(tasks - 1, arrivals_per_second, arrive).await;
-    let early = parked_until(early, &parked, (tasks - 1) as u64, "barrier").await?;
+    // Every early task waiting: each its own parked call, or recorded and waited on by its
+    // sidecar's one parked call.
+    let early = if barriers_together {
+        let waiting = || barrier_sidecars.iter().map(|s| s.waiting()).sum::<u64>();
+        let early = parked_until(early, waiting, (tasks - 1) as u64, "barrier").await?;
+        let waits = barrier_sidecars.iter().filter(|s| s.waiting() > 0).count() as u64;
+        parked_until(early, &parked, waits, "barrier").await?
+    } else {
+        parked_until(early, &parked, (tasks - 1) as u64, "barrier").await?
+    };
+    let parked_at_barrier = parked();
     let leader_rss_after = rss_bytes(leader_pid).unwrap_or(0);
 
     let wait = |i: usize| {
@@ -475,7 +507,13 @@ pub async fn run(
         })
     };
     let waiting = paced(tasks - 1, arrivals_per_second, wait).await;
-    let waiting = parked_until(waiting, &parked, 2 * (tasks - 1) as u64, "WaitForAllTasks").await?;
+    let waiting = parked_until(
+        waiting,
+        &parked,
+        parked_at_barrier + (tasks - 1) as u64,
+        "WaitForAllTasks",
+    )
+    .await?;
     let leader_rss_waits_parked = rss_bytes(leader_pid).unwrap_or(0);
     let last_call = Instant::now();
     let mut wait_for_all_bytes = 0;
@@ -501,6 +539,28 @@ pub async fn run(
         .iter()
         .max()
         .map_or(Duration::ZERO, |t| t.duration_since(last_arrival));
+    // Where the release's time went: the last task's own answer (its arrival's commit), then the
+    // others'.
+    let mut after: Vec<Duration> = released
+        .iter()
+        .map(|t| t.duration_since(last_arrival))
+        .collect();
+    let own = after.last().copied().unwrap_or_default();
+    after.sort();
+    let first = after.first().copied().unwrap_or_default();
+    let median = after.get(after.len() / 2).copied().unwrap_or_default();
+    // Recorded together: when the last sidecar had the outcome from the ensemble, before it
+    // answered its tasks (which, on hosts of their own, it would do beside the others).
+    let sidecars_had_it = barrier_sidecars
+        .iter()
+        .filter_map(|s| s.outcome_at())
+        .max()
+        .map(|t| t.saturating_duration_since(last_arrival));
+    eprintln!(
+        "barrier: the last task answered {own:?} after its arrival; the first of all {first:?}, \
+         half {median:?}, all {barrier_release:?}; every sidecar had the outcome after \
+         {sidecars_had_it:?}"
+    );
     // kill -9 the leader with every task heartbeating; the tasks' clients fail over.
     let errors_before_kill = heartbeat_errors.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -522,6 +582,7 @@ pub async fn run(
         device_bytes,
         leader_rss_waits_parked,
         barrier_release,
+        barriers_together,
         heartbeat_cpu_cores,
         heartbeats_per_second,
         heartbeat_calls_per_second,

@@ -8,7 +8,7 @@ use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tonic::Code;
 
-use super::env::{assert_code, register_all, samples, w, Env, LEADER_TIMEOUT};
+use super::env::{assert_code, ok_calls, register_all, w, Env, LEADER_TIMEOUT};
 
 fn beat(task: tf::CoordinatedTask, incarnation: u64) -> Beat {
     Beat {
@@ -159,22 +159,18 @@ pub async fn a_sidecar_sends_its_tasks_heartbeats_together(replicas: usize) {
         other => panic!("both must be refused: {other:?}"),
     }
     // The leader counts the calls: the eight heartbeats came as fewer than eight.
-    let calls = |c: &crate::cluster::Cluster, method: &str| -> u64 {
-        let sample = format!("coord_rpc_duration_seconds_count{{method=\"{method}\",code=\"OK\"}}");
-        samples(c, &sample).into_iter().max().unwrap_or(0)
-    };
     env.cluster
         .wait_until(LEADER_TIMEOUT, "the batched heartbeats counted", |cl| {
-            calls(cl, "coordination/Heartbeats") >= 1
+            ok_calls(cl, "coordination/Heartbeats") >= 1
         })
         .await;
-    let batched = calls(&env.cluster, "coordination/Heartbeats");
+    let batched = ok_calls(&env.cluster, "coordination/Heartbeats");
     assert!(
         (1..TASKS as u64).contains(&batched),
         "{TASKS} heartbeats sent in {batched} calls"
     );
     assert_eq!(
-        calls(&env.cluster, "Heartbeat"),
+        ok_calls(&env.cluster, "Heartbeat"),
         0,
         "no heartbeat went on its own"
     );

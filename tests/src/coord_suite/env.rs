@@ -72,6 +72,13 @@ pub(super) fn samples(c: &Cluster, sample: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Calls of `method` answered OK, as the replica that counted most of them counts them (the one a
+/// client's calls entered by).
+pub(super) fn ok_calls(c: &Cluster, method: &str) -> u64 {
+    let sample = format!("coord_rpc_duration_seconds_count{{method=\"{method}\",code=\"OK\"}}");
+    samples(c, &sample).into_iter().max().unwrap_or(0)
+}
+
 pub fn task(job: &str, id: i32) -> tf::CoordinatedTask {
     tf::CoordinatedTask {
         job_name: job.into(),

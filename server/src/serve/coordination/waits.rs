@@ -376,7 +376,10 @@ impl CoordCore {
 
     /// The leadership epoch and a park slot for a call that may wait at a barrier, taken before
     /// its arrival is committed: a call the park budget refuses changes nothing.
-    fn barrier_slot(&self, what: impl FnOnce() -> String) -> Result<(u64, Slot), CoordError> {
+    pub(super) fn barrier_slot(
+        &self,
+        what: impl FnOnce() -> String,
+    ) -> Result<(u64, Slot), CoordError> {
         let epoch = self.hub.barriers.epoch();
         match self.hub.budget.take() {
             Some(slot) => Ok((epoch, slot)),
@@ -385,7 +388,7 @@ impl CoordCore {
     }
 
     /// Parks until instance `counter` of `barrier` has an outcome, on the caller's slot.
-    async fn await_barrier(
+    pub(super) async fn await_barrier(
         &self,
         barrier: &str,
         counter: i64,

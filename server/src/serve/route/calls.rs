@@ -72,6 +72,7 @@ pub(super) fn waits_on_the_service(method: &str) -> bool {
                 | "GetAliveTasks"
                 | "WatchJobState"
                 | "coordination/PollForError"
+                | "coordination/AwaitBarrier"
                 | "AddMember"
                 | "RemoveMember"
                 | "tfdata/MaybeRemoveTask"

@@ -1,0 +1,84 @@
+//! Barrier arrivals a sidecar sends together, and the one wait it parks per barrier instance.
+//!
+//! With one parked call per task, a barrier of 100,000 tasks is released as 100,000 answers, each
+//! an HTTP/2 stream the leader wakes, finishes and sends (about 16 µs of its one worker thread
+//! each on two cores: seconds in all). A sidecar carrying several tasks of a host instead records
+//! its tasks' arrivals without parking them ([`CoordCore::barrier_arrival`]) and parks one call per
+//! instance ([`CoordCore::await_instance`]), whose outcome it hands to each of its tasks: the
+//! release answers one call per sidecar.
+//!
+//! An arrival is recorded as the task's own Barrier call records it, by the same command, so a
+//! task gets the same answer either way. Recording an arrival again is harmless (an instance keeps
+//! a set of arrivals, and a finished one answers with its outcome), which lets a re-driven call
+//! record its arrivals again without request ids of their own.
+
+use coord_raft_store::state::{Code, Outcome, TaskName};
+use coord_raft_store::{Op, Output};
+
+use super::{unexpected, CoordCore};
+use crate::error::CoordError;
+
+impl CoordCore {
+    /// Records one task's arrival at a barrier as its own Barrier call would, without waiting:
+    /// the instance's counter, and its outcome if it is decided. `named` is the arriving task and
+    /// the participants as the call named them, or why they could not be read.
+    pub async fn barrier_arrival(
+        &self,
+        barrier: String,
+        counter: i64,
+        timeout_ms: i64,
+        named: Result<(TaskName, Vec<TaskName>), CoordError>,
+    ) -> Result<(i64, Option<Outcome>), CoordError> {
+        let (source, tasks) = named?;
+        let op = Op::Barrier {
+            id: barrier,
+            counter,
+            tasks,
+            timeout_ms,
+            source,
+        };
+        match self.commit(None, op).await? {
+            Output::Barrier { counter, outcome } => Ok((counter, outcome)),
+            other => Err(unexpected("Barrier", &other)),
+        }
+    }
+
+    /// Waits until instance `counter` of `barrier` has an outcome (one that has not started yet is
+    /// waited for). An instance finished so long ago that its outcome is no longer kept is
+    /// FAILED_PRECONDITION: no wait could end.
+    pub async fn await_instance(
+        &self,
+        barrier: String,
+        counter: i64,
+    ) -> Result<Outcome, CoordError> {
+        if barrier.is_empty() {
+            return Err(CoordError::status(
+                Code::InvalidArgument,
+                "barrier id must not be empty".into(),
+            ));
+        }
+        if counter < 0 {
+            return Err(CoordError::status(
+                Code::InvalidArgument,
+                format!("barrier {barrier:?}: counter {counter} is negative"),
+            ));
+        }
+        let (epoch, slot) =
+            self.barrier_slot(|| format!("AwaitBarrier of barrier {barrier:?} #{counter}"))?;
+        self.read_index.linearize().await?;
+        self.with_cluster(|c| match c.barriers.get(&barrier) {
+            Some(rec) if counter < rec.counter && rec.outcome_of(counter).is_none() => {
+                Err(CoordError::status(
+                    Code::FailedPrecondition,
+                    format!(
+                        "barrier {barrier:?}: instance {counter} finished long ago and its outcome \
+                         is no longer kept (the barrier is at instance {})",
+                        rec.counter
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        })??;
+        self.await_barrier(&barrier, counter, epoch, slot).await
+    }
+}

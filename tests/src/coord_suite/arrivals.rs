@@ -1,0 +1,265 @@
+//! The suite's checks of barrier arrivals recorded together: `coord.coordination.Coordination/
+//! BarrierArrivals` answers each arrival as TensorFlow's own Barrier call of that task would be
+//! answered (or pending, while its instance waits), `AwaitBarrier` answers every task pending at
+//! an instance, and coord-proxy sends its tasks' Barrier calls so.
+
+use std::collections::BTreeMap;
+
+use coord_agent::CoordClient;
+use coord_proto::coord::coordination::BarrierAnswer;
+use coord_proto::tensorflow as tf;
+use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
+use coord_proto::tensorflow::distributed_runtime::{GrpcPayloadContainer, BARRIER_ERROR_URL};
+use prost::Message;
+use tonic::Code;
+
+use super::env::{assert_code, ok_calls, register_all, w, Env, LEADER_TIMEOUT};
+
+/// A call's outcome as the tests compare them: the counter, or the code, message and the
+/// payloads of the status details (TensorFlow's payload container is a map, encoded in no fixed
+/// order).
+type Outcome = Result<i64, (Code, String, BTreeMap<String, Vec<u8>>)>;
+
+/// The payloads of `details`, TensorFlow's `GrpcPayloadContainer`.
+fn payloads(details: &[u8]) -> BTreeMap<String, Vec<u8>> {
+    GrpcPayloadContainer::decode(details)
+        .expect("status details are a GrpcPayloadContainer")
+        .payloads
+        .into_iter()
+        .map(|(url, v)| (url, v.to_vec()))
+        .collect()
+}
+
+/// A failed call's outcome.
+fn failed(s: &tonic::Status) -> (Code, String, BTreeMap<String, Vec<u8>>) {
+    (s.code(), s.message().to_string(), payloads(s.details()))
+}
+
+fn arrival(
+    id: &str,
+    counter: i64,
+    timeout_ms: i64,
+    source: Option<tf::CoordinatedTask>,
+) -> tf::BarrierRequest {
+    tf::BarrierRequest {
+        barrier_id: id.into(),
+        barrier_timeout_in_ms: timeout_ms,
+        tasks: Vec::new(),
+        source_task: source,
+        counter,
+    }
+}
+
+/// A decided answer as a call's outcome; None while pending.
+fn outcome(a: &BarrierAnswer) -> Option<Outcome> {
+    if a.pending {
+        return None;
+    }
+    Some(if a.error_code == 0 {
+        Ok(a.counter)
+    } else {
+        Err((
+            Code::from_i32(a.error_code),
+            a.error_message.clone(),
+            payloads(&a.error_details),
+        ))
+    })
+}
+
+/// Asserts that the arrivals, sent together, passed instance `counter`: the one recorded last
+/// passed it, the others passed it too or are pending there.
+fn passes(answers: &[BarrierAnswer], counter: i64) {
+    let outcomes: Vec<_> = answers.iter().map(outcome).collect();
+    assert!(outcomes.contains(&Some(Ok(counter))), "{answers:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.is_none() || *o == Some(Ok(counter))),
+        "{answers:?}"
+    );
+}
+
+/// `req` as the task's own TensorFlow Barrier call.
+async fn own_call(c: &CoordClient, req: tf::BarrierRequest) -> Outcome {
+    c.forward(req, true, true, |ch, r| async move {
+        CoordinationServiceClient::new(ch).barrier(r).await
+    })
+    .await
+    .map(|r| r.counter)
+    .map_err(|s| failed(&s))
+}
+
+pub async fn barrier_arrivals_recorded_together(replicas: usize) {
+    let env = Env::start(replicas, &["--job", "worker=4"]).await;
+    let c = &env.client.clone();
+    register_all(c, 4).await;
+    let t = 20_000;
+
+    // Two of four arrive: pending, and recorded once however often sent.
+    let first = c
+        .barrier_arrivals(vec![
+            arrival("step", 0, t, Some(w(0))),
+            arrival("step", 0, t, Some(w(1))),
+        ])
+        .await
+        .expect("arrivals");
+    assert!(
+        first.iter().all(|a| a.pending && a.counter == 0),
+        "{first:?}"
+    );
+    let waiting = {
+        let c = env.another_client();
+        tokio::spawn(async move { c.await_barrier("step", 0).await })
+    };
+    let again = c
+        .barrier_arrivals(vec![arrival("step", 0, t, Some(w(0)))])
+        .await
+        .expect("again");
+    assert!(again[0].pending, "{again:?}");
+    // The last two together: the last one's arrival passes the instance.
+    let last = c
+        .barrier_arrivals(vec![
+            arrival("step", 0, t, Some(w(2))),
+            arrival("step", 0, t, Some(w(3))),
+        ])
+        .await
+        .expect("last arrivals");
+    passes(&last, 0);
+    let passed = waiting.await.expect("join").expect("await");
+    assert_eq!(outcome(&passed), Some(Ok(0)), "{passed:?}");
+    // A passed instance: stored answers at once, as a task's own call gets them.
+    assert_eq!(own_call(c, arrival("step", 0, t, Some(w(1)))).await, Ok(0));
+    let stored = c.await_barrier("step", 0).await.expect("stored");
+    assert_eq!(outcome(&stored), Some(Ok(0)));
+
+    // Wrong arrivals are answered as their own calls are, code, message and details alike, and
+    // each by itself: the good one beside them is recorded.
+    let wrong = vec![
+        arrival("bad", -1, t, Some(w(0))),
+        arrival("bad", 0, t, Some(w(9))),
+        arrival("bad", 0, t, None),
+        arrival("", 0, t, Some(w(0))),
+        arrival("bad", 0, -5, Some(w(1))),
+        arrival("good", 0, t, Some(w(0))),
+    ];
+    let answers = c
+        .barrier_arrivals(wrong.clone())
+        .await
+        .expect("wrong arrivals");
+    assert_eq!(answers.len(), wrong.len(), "one answer per arrival");
+    assert!(answers[5].pending, "{:?}", answers[5]);
+    for (req, a) in wrong.into_iter().zip(&answers).take(5) {
+        let together = outcome(a).expect("decided");
+        assert!(together.is_err(), "{req:?}: {together:?}");
+        assert_eq!(together, own_call(c, req.clone()).await, "{req:?}");
+    }
+    assert!(
+        matches!(outcome(&answers[1]), Some(Err((Code::InvalidArgument, m, _))) if m.contains("tasks 0..3"))
+    );
+    assert!(
+        matches!(outcome(&answers[2]), Some(Err((Code::InvalidArgument, m, _))) if m.contains("source_task"))
+    );
+
+    // An instance that times out: every task pending there gets the failure its own call would,
+    // TensorFlow's BarrierError among the details.
+    let pending = c
+        .barrier_arrivals(vec![arrival("slow", 0, 700, Some(w(0)))])
+        .await
+        .expect("slow");
+    assert!(pending[0].pending);
+    let timed_out = c.await_barrier("slow", 0).await.expect("await slow");
+    let timed_out = outcome(&timed_out).expect("decided");
+    assert!(
+        matches!(&timed_out, Err((Code::DeadlineExceeded, _, d)) if d.contains_key(BARRIER_ERROR_URL)),
+        "{timed_out:?}"
+    );
+    assert_eq!(
+        timed_out,
+        own_call(c, arrival("slow", 0, 700, Some(w(0)))).await
+    );
+
+    // Waiting on what no wait can end, or naming no barrier, is the call's own error.
+    assert_code(
+        c.await_barrier("", 0).await,
+        Code::InvalidArgument,
+        "must not be empty",
+    );
+    assert_code(
+        c.await_barrier("step", -1).await,
+        Code::InvalidArgument,
+        "counter -1 is negative",
+    );
+    for counter in 1..=5 {
+        let all = (0..4)
+            .map(|i| arrival("step", counter, t, Some(w(i))))
+            .collect();
+        passes(&c.barrier_arrivals(all).await.expect("instance"), counter);
+    }
+    assert_code(
+        c.await_barrier("step", 0).await,
+        Code::FailedPrecondition,
+        "instance 0 finished long ago",
+    );
+    assert_code(
+        c.barrier_arrivals(vec![arrival("step", 6, t, Some(w(0))); 65_537])
+            .await,
+        Code::ResourceExhausted,
+        "65537 arrivals in one call, over the limit of 65536",
+    );
+}
+
+/// The Barrier calls coord-proxy's tasks send are recorded together and answered from one wait,
+/// each task answered as its own call would be.
+pub async fn a_sidecar_records_its_tasks_barrier_arrivals_together(replicas: usize) {
+    const TASKS: i32 = 8;
+    let mut env = Env::start(replicas, &["--job", &format!("worker={TASKS}")]).await;
+    let c = &env.client.clone();
+    let sidecar = crate::jax::Sidecar::start(&env.cluster.endpoints());
+    register_all(c, TASKS).await;
+    let tf = CoordinationServiceClient::connect(format!("http://{}", sidecar.addr))
+        .await
+        .expect("connect to the sidecar");
+    let arrivals: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let mut tf = tf.clone();
+            tokio::spawn(async move { tf.barrier(arrival("step", 0, 30_000, Some(w(i)))).await })
+        })
+        .collect();
+    for a in arrivals {
+        let answer = a.await.expect("join").expect("barrier through the sidecar");
+        assert_eq!(answer.into_inner().counter, 0);
+    }
+    // A barrier that times out fails through the sidecar as it does without it.
+    let mut alone = tf.clone();
+    let through = alone
+        .barrier(arrival("slow", 0, 500, Some(w(0))))
+        .await
+        .map(|r| r.into_inner().counter)
+        .map_err(|s| failed(&s));
+    assert!(
+        matches!(&through, Err((Code::DeadlineExceeded, _, d)) if d.contains_key(BARRIER_ERROR_URL)),
+        "{through:?}"
+    );
+    assert_eq!(
+        through,
+        own_call(c, arrival("slow", 0, 500, Some(w(0)))).await
+    );
+    // The leader counts the calls: no task's Barrier call went on its own, and the eight waited
+    // on fewer calls than eight.
+    env.cluster
+        .wait_until(LEADER_TIMEOUT, "the barrier's waits counted", |cl| {
+            ok_calls(cl, "coordination/AwaitBarrier") >= 2
+        })
+        .await;
+    let waits = ok_calls(&env.cluster, "coordination/AwaitBarrier");
+    assert!(
+        (2..TASKS as u64).contains(&waits),
+        "{TASKS} tasks at one barrier and one at another waited in {waits} calls"
+    );
+    // (The test's own call above failed: it is not counted with code OK.)
+    assert_eq!(
+        ok_calls(&env.cluster, "Barrier"),
+        0,
+        "no task's Barrier call went on its own"
+    );
+}
