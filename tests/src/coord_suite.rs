@@ -22,7 +22,8 @@ mod tasks;
 pub use env::{assert_code, task, w, Env, LEADER_TIMEOUT};
 
 pub use arrivals::{
-    a_sidecar_records_its_tasks_barrier_arrivals_together, barrier_arrivals_recorded_together,
+    a_sidecar_fetches_the_jobs_devices_once, a_sidecar_records_its_tasks_barrier_arrivals_together,
+    barrier_arrivals_recorded_together, wait_for_all_arrivals_recorded_together,
 };
 pub use barriers::{barrier_failures, barriers_pass_and_are_reused};
 pub use beats::{a_sidecar_sends_its_tasks_heartbeats_together, heartbeats_sent_together};
@@ -77,6 +78,14 @@ macro_rules! coordination_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_sidecar_records_its_tasks_barrier_arrivals_together() {
             suite::a_sidecar_records_its_tasks_barrier_arrivals_together($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn wait_for_all_arrivals_recorded_together() {
+            suite::wait_for_all_arrivals_recorded_together($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_sidecar_fetches_the_jobs_devices_once() {
+            suite::a_sidecar_fetches_the_jobs_devices_once($replicas).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn shutdown_service_aborts_barriers() {

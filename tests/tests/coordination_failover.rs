@@ -111,6 +111,45 @@ async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
     }
 }
 
+/// coord-proxy records its tasks' WaitForAllTasks arrivals and fetches the job's devices with one
+/// of their calls: that call is re-driven on the new leader, and every task gets the devices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecars_wait_for_all_tasks_survives_the_leader_kill() {
+    let mut env = Env::start(3, &["--job", "worker=3"]).await;
+    let sidecar = coord_tests::jax::Sidecar::start(&env.cluster.endpoints());
+    register(&env, 3).await;
+    let tf = tf::coordination_service_client::CoordinationServiceClient::connect(format!(
+        "http://{}",
+        sidecar.addr
+    ))
+    .await
+    .expect("connect to the sidecar");
+    let wait = |i: i32| {
+        let mut tf = tf.clone();
+        tokio::spawn(async move {
+            tf.wait_for_all_tasks(tf::WaitForAllTasksRequest {
+                source_task: Some(w(i)),
+                local_device_info: None,
+                device_info: Some(tf::DeviceInfo::default()),
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+    };
+    let waiting: Vec<_> = (0..2).map(wait).collect();
+    // The sidecar's one fetch, parked once an arrival is recorded.
+    env.wait_parked(1).await;
+    let old = leader_of(&mut env).await;
+    env.cluster.kill(old);
+    let new = leader_of(&mut env).await;
+    assert_ne!(new, old);
+    let last = wait(2).await.expect("join").expect("last arrival");
+    for wtask in waiting {
+        let answer = wtask.await.expect("join").expect("re-driven fetch");
+        assert_eq!(answer, last, "every task gets the same answer");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_barrier_deadline_fires_on_the_new_leader() {
     let mut env = Env::start(3, &["--job", "worker=2"]).await;

@@ -10,7 +10,7 @@ use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
     AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, Beat, BeatAnswer,
     GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest, PollForErrorRequest,
-    PollForErrorResponse,
+    PollForErrorResponse, WaitForAllTasksArrivalsRequest,
 };
 use coord_proto::tensorflow as tf;
 use tonic::Status;
@@ -78,6 +78,24 @@ impl CoordClient {
         let resp = self
             .mutate(req, |ch, r| async move {
                 CoordinationClient::new(ch).barrier_arrivals(r).await
+            })
+            .await?;
+        Ok(resp.answers)
+    }
+
+    /// Several tasks' WaitForAllTasks arrivals in one call, recorded without waiting (see
+    /// `proxy::barriers`); one answer per arrival, in order: the task's own error, or OK once
+    /// the job has gathered, or pending.
+    pub async fn wait_for_all_arrivals(
+        &self,
+        arrivals: Vec<tf::WaitForAllTasksRequest>,
+    ) -> Result<Vec<BarrierAnswer>, Status> {
+        let req = WaitForAllTasksArrivalsRequest { arrivals };
+        let resp = self
+            .mutate(req, |ch, r| async move {
+                CoordinationClient::new(ch)
+                    .wait_for_all_tasks_arrivals(r)
+                    .await
             })
             .await?;
         Ok(resp.answers)

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 
 use crate::client::{Channel, CoordClient};
 
+pub mod arrivals;
 pub mod barriers;
 pub mod beats;
 pub mod push;

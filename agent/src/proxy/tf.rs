@@ -3,7 +3,7 @@
 
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 
-use super::barriers::BarrierBatches;
+use super::barriers::{BarrierBatches, WaitBatches};
 use super::beats::{HeartbeatBatches, DEFAULT_WINDOW};
 use super::{proxy_service, Call, MESSAGE_LIMIT};
 use crate::client::Channel;
@@ -20,7 +20,6 @@ proxy_service! {
     coord_proto::tensorflow::coordination_service_server::CoordinationService,
     upstream,
     register_task(RegisterTaskRequest) -> RegisterTaskResponse: Call::Write;
-    wait_for_all_tasks(WaitForAllTasksRequest) -> WaitForAllTasksResponse: Call::WaitingWrite;
     shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse: Call::WaitingWrite;
     reset_task(ResetTaskRequest) -> ResetTaskResponse: Call::Write;
     report_error_to_task(ReportErrorToTaskRequest) -> ReportErrorToTaskResponse: Call::Read;
@@ -39,6 +38,7 @@ proxy_service! {
     @fields {
         beats: HeartbeatBatches = HeartbeatBatches::new(DEFAULT_WINDOW),
         barriers: BarrierBatches = BarrierBatches::new(true),
+        waits: WaitBatches = WaitBatches::new(true),
     }
     @custom {
         /// Held a moment and sent with the other tasks' heartbeats (see [`super::beats`]).
@@ -59,7 +59,19 @@ proxy_service! {
             req: tonic::Request<pb::BarrierRequest>,
         ) -> Result<tonic::Response<pb::BarrierResponse>, tonic::Status> {
             self.barriers
-                .barrier(&self.client, req.into_inner())
+                .send(&self.client, req.into_inner())
+                .await
+                .map(tonic::Response::new)
+        }
+
+        /// Recorded with the other tasks' arrivals; the job's devices fetched once for all of
+        /// them (see [`super::barriers`]).
+        async fn wait_for_all_tasks(
+            &self,
+            req: tonic::Request<pb::WaitForAllTasksRequest>,
+        ) -> Result<tonic::Response<pb::WaitForAllTasksResponse>, tonic::Status> {
+            self.waits
+                .send(&self.client, req.into_inner())
                 .await
                 .map(tonic::Response::new)
         }
@@ -73,10 +85,11 @@ impl TfProxy {
         self
     }
 
-    /// Each task's Barrier call sent on its own (false), or arrivals recorded together (true, the
-    /// default).
+    /// Each task's Barrier and WaitForAllTasks call sent on its own (false), or arrivals
+    /// recorded together (true, the default).
     pub fn with_barriers_together(mut self, together: bool) -> Self {
         self.barriers = BarrierBatches::new(together);
+        self.waits = WaitBatches::new(together);
         self
     }
 }

@@ -21,7 +21,7 @@ use coord_raft_store::state::Outcome;
 use tonic::{Request, Response, Status};
 
 use crate::api::payloads::{barrier_error, detailed_with};
-use crate::api::tf::heartbeat_answer;
+use crate::api::tf::{devices_of, heartbeat_answer};
 use crate::api::wire::{error_payload, state_to, task_from, task_to, tasks_from};
 use crate::error::{grpc_code, CoordError};
 use crate::serve::coordination::CoordCore;
@@ -87,9 +87,18 @@ fn barrier_answer(
     barrier_id: &str,
     asked: i64,
 ) -> Result<pb::BarrierAnswer, CoordError> {
+    arrival_outcome(decided, asked, |e| barrier_error(e, barrier_id, asked))
+}
+
+/// An arrival's answer: pending, passed, or failed as its own call fails (`detailed` adds the
+/// call's payloads to the error). `Err` is an error the whole call must end with.
+fn arrival_outcome(
+    decided: Result<(i64, Option<Outcome>), CoordError>,
+    asked: i64,
+    detailed: impl Fn(CoordError) -> CoordError,
+) -> Result<pb::BarrierAnswer, CoordError> {
     let failed = |e: CoordError| {
-        let (error_code, error_message, details) =
-            error_fields(barrier_error(e, barrier_id, asked));
+        let (error_code, error_message, details) = error_fields(detailed(e));
         pb::BarrierAnswer {
             counter: asked,
             error_code,
@@ -114,6 +123,18 @@ fn barrier_answer(
         Err(e) if e.is_retryable() => Err(e),
         Err(e) => Ok(failed(e)),
     }
+}
+
+/// Records one WaitForAllTasks arrival as the task's own call would (its fields named as that call
+/// names them); its answer, errors carrying the payloads that call's would.
+async fn wait_arrival_answer(
+    core: &CoordCore,
+    a: tf::WaitForAllTasksRequest,
+) -> Result<pb::BarrierAnswer, CoordError> {
+    let named = task_from(a.source_task.as_ref(), "source_task")
+        .and_then(|task| Ok((task, devices_of(&a)?)));
+    let recorded = core.wait_for_all_arrival(named).await;
+    arrival_outcome(recorded, 0, |e| detailed_with(e, None))
 }
 
 /// Records one arrival as the task's own Barrier call would (its fields named as that call names
@@ -254,6 +275,46 @@ impl Coordination for CoordService {
                     Ok(pb::BarrierArrivalsResponse { answers })
                 },
                 |ch, r| async move { client(ch).barrier_arrivals(r).await },
+            )
+            .await
+    }
+
+    /// Each arrival as TensorFlow's WaitForAllTasks records it (`api::tf`), under the same check of
+    /// the caller.
+    async fn wait_for_all_tasks_arrivals(
+        &self,
+        req: Request<pb::WaitForAllTasksArrivalsRequest>,
+    ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
+        const METHOD: &str = "coordination/WaitForAllTasksArrivals";
+        let arrivals = &req.get_ref().arrivals;
+        if arrivals.len() > MAX_ARRIVALS {
+            let over = Status::resource_exhausted(format!(
+                "{METHOD}: {} arrivals in one call, over the limit of {MAX_ARRIVALS}; send them \
+                 in several calls",
+                arrivals.len()
+            ));
+            self.router.checked(METHOD, Err(over))?;
+        }
+        for (i, a) in arrivals.iter().enumerate() {
+            let field = format!("arrivals[{i}].source_task");
+            self.router
+                .check_task(&req, METHOD, &field, a.source_task.as_ref())?;
+        }
+        let core = &*self.core;
+        self.router
+            .route(
+                METHOD,
+                Kind::Write,
+                req,
+                |m, _| async move {
+                    let recorded = m.arrivals.into_iter().map(|a| wait_arrival_answer(core, a));
+                    let answers = futures::future::join_all(recorded)
+                        .await
+                        .into_iter()
+                        .collect::<Result<_, _>>()?;
+                    Ok(pb::BarrierArrivalsResponse { answers })
+                },
+                |ch, r| async move { client(ch).wait_for_all_tasks_arrivals(r).await },
             )
             .await
     }

@@ -31,6 +31,7 @@ pub mod tasks;
 pub mod tfdata;
 pub mod torch;
 pub mod wait_for_all;
+mod wire_size;
 pub mod xla_scale;
 
 use std::future::Future;

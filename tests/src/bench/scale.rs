@@ -69,11 +69,11 @@ pub struct ScaleArgs {
     /// own call of TensorFlow's wire, as a task talking to the ensemble directly sends it.
     #[arg(long, default_value_t = 0)]
     pub heartbeat_batch_ms: u64,
-    /// Each simulated sidecar records its tasks' barrier arrivals together and waits on the
-    /// barrier with one call, as coord-proxy does; without it every task's Barrier call parks on
-    /// the leader, as a task talking to the ensemble directly sends it.
+    /// Each simulated sidecar records its tasks' Barrier and WaitForAllTasks arrivals together and
+    /// waits with one call (fetching the job's devices once), as coord-proxy does; without it
+    /// every task's call parks on the leader, as a task talking to the ensemble directly sends it.
     #[arg(long)]
-    pub barriers_together: bool,
+    pub arrivals_together: bool,
 }
 
 /// One size's run: the report and the elections it saw (the kill's only, if all went well).
@@ -96,7 +96,7 @@ pub async fn tasks(args: Args) -> Result<(), String> {
         cpu_window: Duration::from_secs(10),
         arrivals_per_second: args.arrivals_per_second,
         heartbeat_batch: Duration::ZERO,
-        barriers_together: false,
+        arrivals_together: false,
     })
     .await?;
     print(&[m], args.no_gzip);
@@ -117,7 +117,7 @@ pub async fn scale(args: ScaleArgs) -> Result<(), String> {
             cpu_window: Duration::from_secs(15),
             arrivals_per_second: args.arrivals_per_second,
             heartbeat_batch: Duration::from_millis(args.heartbeat_batch_ms),
-            barriers_together: args.barriers_together,
+            arrivals_together: args.arrivals_together,
         };
         match measure(&load).await {
             Ok(m) => done.push(m),
@@ -218,9 +218,10 @@ fn print(runs: &[Measured], no_gzip: bool) {
         "",
         &|m| {
             format!(
-                "{:.2} s ({:.0} MB on the wire, {} B devices)",
+                "{:.2} s ({:.0} MB on the wire in {} answers, {} B devices)",
                 m.report.wait_for_all.as_secs_f64(),
                 m.report.wait_for_all_bytes as f64 / 1e6,
+                m.report.wait_for_all_fetches,
                 m.report.device_bytes
             )
         },
@@ -229,7 +230,7 @@ fn print(runs: &[Measured], no_gzip: bool) {
         "barrier released after the last arrival",
         "<= 300 ms",
         &|m| {
-            let how = if m.report.barriers_together {
+            let how = if m.report.arrivals_together {
                 " (arrivals together)"
             } else {
                 ""
@@ -264,7 +265,7 @@ fn print(runs: &[Measured], no_gzip: bool) {
         "leader RSS growth per parked Barrier call (together: per task waiting)",
         "<= 4096 B",
         &|m| {
-            let per = if m.report.barriers_together {
+            let per = if m.report.arrivals_together {
                 " per task waiting"
             } else {
                 ""

@@ -6,11 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coord_agent::proxy::barriers::BarrierBatches;
+use coord_agent::proxy::barriers::{BarrierBatches, WaitBatches};
 use coord_agent::proxy::beats::HeartbeatBatches;
 use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
 use futures::stream::{self, StreamExt};
+
+pub use super::wire_size::ACCEPT_GZIP;
+pub(super) use super::wire_size::{answer_size, call_size};
 
 /// What the run measured.
 #[derive(Debug, Clone)]
@@ -20,15 +23,17 @@ pub struct TasksReport {
     /// WaitForAllTasks: from the last task's call to every task's answer.
     pub wait_for_all: Duration,
     /// Bytes of every WaitForAllTasks answer together, as they crossed the wire (gzip-compressed
-    /// when the tasks accept it).
+    /// when the tasks accept it; through the sidecars, their fetches, uncompressed).
     pub wait_for_all_bytes: u64,
+    /// WaitForAllTasks answers that crossed the wire: one per task, or the sidecars' fetches.
+    pub wait_for_all_fetches: u64,
     /// Bytes of each task's device (one `DeviceAttributes`; 0 = no devices).
     pub device_bytes: usize,
     /// Leader RSS with every task's WaitForAllTasks call but one parked.
     pub leader_rss_waits_parked: u64,
-    /// The tasks' barrier arrivals were recorded together by their sidecars, each waiting on the
-    /// barrier with one call (see [`Load::barriers_together`]).
-    pub barriers_together: bool,
+    /// The tasks' barrier and WaitForAllTasks arrivals were recorded together by their sidecars,
+    /// each waiting with one call (see [`Load::arrivals_together`]).
+    pub arrivals_together: bool,
     /// From the moment the last task arrived at the barrier to the moment every task's call
     /// returned.
     pub barrier_release: Duration,
@@ -228,83 +233,6 @@ pub(super) fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasks
     }
 }
 
-/// Whether the simulated tasks accept gzip answers, as TensorFlow's and jaxlib's gRPC clients do.
-pub static ACCEPT_GZIP: AtomicBool = AtomicBool::new(true);
-
-/// WaitForAllTasks on `ch`, keeping only the size of the answer as it crossed the wire
-/// (compressed, if the task accepts gzip): the answers of a large job are O(N²) bytes, and a load
-/// generator that decompressed and decoded them all would measure itself, not the leader. The
-/// call is made on the channel directly, so tonic neither decompresses nor decodes the body.
-pub(super) async fn answer_size(
-    ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
-    req: tonic::Request<tf::WaitForAllTasksRequest>,
-) -> Result<tonic::Response<usize>, tonic::Status> {
-    call_size(ch, "/tensorflow.CoordinationService/WaitForAllTasks", req).await
-}
-
-/// A unary call of `path` on `ch`, keeping only the size of the answer as it crossed the wire
-/// (see [`answer_size`]).
-pub(super) async fn call_size<M: prost::Message>(
-    mut ch: coord_proto::conn::EagerEnd<tonic::transport::Channel>,
-    path: &'static str,
-    req: tonic::Request<M>,
-) -> Result<tonic::Response<usize>, tonic::Status> {
-    use tonic::client::GrpcService;
-    use tonic::codegen::http;
-    let (metadata, _, message) = req.into_parts();
-    let mut framed = Vec::with_capacity(5 + message.encoded_len());
-    framed.push(0);
-    framed.extend_from_slice(
-        &u32::try_from(message.encoded_len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    message
-        .encode(&mut framed)
-        .map_err(|e| tonic::Status::internal(e.to_string()))?;
-    let mut call = http::Request::post(path)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(tonic::body::Body::new(http_body_util::Full::new(
-            bytes::Bytes::from(framed),
-        )))
-        .map_err(|e| tonic::Status::internal(e.to_string()))?;
-    call.headers_mut().extend(metadata.into_headers());
-    if ACCEPT_GZIP.load(Ordering::Relaxed) {
-        call.headers_mut().insert(
-            "grpc-accept-encoding",
-            http::HeaderValue::from_static("gzip"),
-        );
-    }
-    let unavailable = |e: &dyn std::fmt::Display| tonic::Status::unavailable(e.to_string());
-    std::future::poll_fn(|cx| ch.poll_ready(cx))
-        .await
-        .map_err(|e| unavailable(&e))?;
-    let answer = ch.call(call).await.map_err(|e| unavailable(&e))?;
-    // A refusal comes trailers-only: grpc-status in the headers.
-    if let Some(status) = tonic::Status::from_header_map(answer.headers()) {
-        if status.code() != tonic::Code::Ok {
-            return Err(status);
-        }
-    }
-    let mut body = answer.into_body();
-    let mut bytes = 0;
-    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
-        let frame = frame?;
-        if let Some(data) = frame.data_ref() {
-            bytes += bytes::Buf::remaining(data);
-        } else if let Some(status) = frame
-            .trailers_ref()
-            .and_then(tonic::Status::from_header_map)
-        {
-            if status.code() != tonic::Code::Ok {
-                return Err(status);
-            }
-        }
-    }
-    Ok(tonic::Response::new(bytes))
-}
-
 /// Calls the replica serving metrics at `http` holds parked (0 if it does not answer).
 pub fn parked_calls(http: std::net::SocketAddr) -> u64 {
     crate::http::get(http, "/metrics")
@@ -336,10 +264,10 @@ pub struct Load {
     /// Each connection's sidecar holds its tasks' heartbeats this long and sends them together,
     /// as coord-proxy does (zero: each task's heartbeat is its own TensorFlow call).
     pub heartbeat_batch: Duration,
-    /// Each connection's sidecar records its tasks' barrier arrivals together and waits on the
-    /// barrier with one call, as coord-proxy does (false: each task's Barrier call parks on the
-    /// leader, as a task talking to the ensemble directly sends it).
-    pub barriers_together: bool,
+    /// Each connection's sidecar records its tasks' Barrier and WaitForAllTasks arrivals together
+    /// and waits with one call (fetching the job's devices once), as coord-proxy does (false: each
+    /// task's call parks on the leader, as a task talking to the ensemble directly sends it).
+    pub arrivals_together: bool,
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
@@ -359,7 +287,7 @@ pub async fn run(
         cpu_window,
         arrivals_per_second,
         heartbeat_batch,
-        barriers_together,
+        arrivals_together,
     } = load.clone();
     let clients: Vec<CoordClient> = (0..connections.max(1))
         .map(|_| CoordClient::new(ClientOptions::new(endpoints.clone())).map_err(|e| e.to_string()))
@@ -376,7 +304,11 @@ pub async fn run(
         .collect();
     let barrier_sidecars: Vec<Arc<BarrierBatches>> = clients
         .iter()
-        .map(|_| Arc::new(BarrierBatches::new(barriers_together)))
+        .map(|_| Arc::new(BarrierBatches::new(arrivals_together)))
+        .collect();
+    let wait_sidecars: Vec<Arc<WaitBatches>> = clients
+        .iter()
+        .map(|_| Arc::new(WaitBatches::new(arrivals_together)))
         .collect();
     let rss_before = rss_bytes(leader_pid).unwrap_or(0);
 
@@ -473,14 +405,14 @@ pub async fn run(
                 source_task: Some(task(i)),
                 counter: 0,
             };
-            sidecar.barrier(&c, req).await.map(|_| Instant::now())
+            sidecar.send(&c, req).await.map(|_| Instant::now())
         })
     };
     let leader_rss_before_barrier = rss_bytes(leader_pid).unwrap_or(0);
     let early = paced(tasks - 1, arrivals_per_second, arrive).await;
     // Every early task waiting: each its own parked call, or recorded and waited on by its
     // sidecar's one parked call.
-    let early = if barriers_together {
+    let early = if arrivals_together {
         let waiting = || barrier_sidecars.iter().map(|s| s.waiting()).sum::<u64>();
         let early = parked_until(early, waiting, (tasks - 1) as u64, "barrier").await?;
         let waits = barrier_sidecars.iter().filter(|s| s.waiting() > 0).count() as u64;
@@ -491,29 +423,48 @@ pub async fn run(
     let parked_at_barrier = parked();
     let leader_rss_after = rss_bytes(leader_pid).unwrap_or(0);
 
+    // Each task's own call, its answer only counted as it crossed the wire; or through its
+    // sidecar, which fetches the answer once for all its tasks (counted: the size of one).
     let wait = |i: usize| {
-        let c = client(i);
+        let (c, sidecar) = (client(i), wait_sidecars[i % wait_sidecars.len()].clone());
         let req = wait_request(i, device_bytes);
         Spawned::new(async move {
-            let bytes = c
-                .forward(
+            let bytes = if arrivals_together {
+                5 + prost::Message::encoded_len(&sidecar.send(&c, req).await?)
+            } else {
+                c.forward(
                     req,
                     true,
                     true,
                     |ch, r| async move { answer_size(ch, r).await },
                 )
-                .await?;
+                .await?
+            };
             Ok::<_, tonic::Status>((Instant::now(), bytes as u64))
         })
     };
     let waiting = paced(tasks - 1, arrivals_per_second, wait).await;
-    let waiting = parked_until(
-        waiting,
-        &parked,
-        parked_at_barrier + (tasks - 1) as u64,
-        "WaitForAllTasks",
-    )
-    .await?;
+    let waiting = if arrivals_together {
+        let gathered = || wait_sidecars.iter().map(|s| s.waiting()).sum::<u64>();
+        let waiting =
+            parked_until(waiting, gathered, (tasks - 1) as u64, "WaitForAllTasks").await?;
+        let waits = wait_sidecars.iter().filter(|s| s.waiting() > 0).count() as u64;
+        parked_until(
+            waiting,
+            &parked,
+            parked_at_barrier + waits,
+            "WaitForAllTasks",
+        )
+        .await?
+    } else {
+        parked_until(
+            waiting,
+            &parked,
+            parked_at_barrier + (tasks - 1) as u64,
+            "WaitForAllTasks",
+        )
+        .await?
+    };
     let leader_rss_waits_parked = rss_bytes(leader_pid).unwrap_or(0);
     let last_call = Instant::now();
     let mut wait_for_all_bytes = 0;
@@ -523,6 +474,14 @@ pub async fn run(
         wait_for_all_bytes += bytes;
         answered = answered.max(at);
     }
+    // Through the sidecars, the answers that crossed the wire are their fetches.
+    let wait_for_all_fetches = if arrivals_together {
+        let fetches = wait_sidecars.iter().map(|s| s.waits()).sum::<u64>();
+        wait_for_all_bytes = wait_for_all_bytes / tasks as u64 * fetches;
+        fetches
+    } else {
+        tasks as u64
+    };
     let wait_for_all = answered.duration_since(last_call);
     eprintln!(
         "WaitForAllTasks answered every task {wait_for_all:?} after the last call ({} MB)",
@@ -579,10 +538,11 @@ pub async fn run(
         register,
         wait_for_all,
         wait_for_all_bytes,
+        wait_for_all_fetches,
         device_bytes,
         leader_rss_waits_parked,
         barrier_release,
-        barriers_together,
+        arrivals_together,
         heartbeat_cpu_cores,
         heartbeats_per_second,
         heartbeat_calls_per_second,

@@ -13,7 +13,7 @@ use coord_proto::tensorflow::distributed_runtime::{GrpcPayloadContainer, BARRIER
 use prost::Message;
 use tonic::Code;
 
-use super::env::{assert_code, ok_calls, register_all, w, Env, LEADER_TIMEOUT};
+use super::env::{assert_code, ok_calls, register_all, tf_devices, w, Env, LEADER_TIMEOUT};
 
 /// A call's outcome as the tests compare them: the counter, or the code, message and the
 /// payloads of the status details (TensorFlow's payload container is a map, encoded in no fixed
@@ -261,5 +261,132 @@ pub async fn a_sidecar_records_its_tasks_barrier_arrivals_together(replicas: usi
         ok_calls(&env.cluster, "Barrier"),
         0,
         "no task's Barrier call went on its own"
+    );
+}
+
+/// Task `i`'s WaitForAllTasks as TensorFlow before 2.21 sends it (its devices in
+/// `local_device_info`), or with none.
+fn wait_request(i: i32, devices: bool) -> tf::WaitForAllTasksRequest {
+    tf::WaitForAllTasksRequest {
+        source_task: Some(w(i)),
+        local_device_info: devices.then(|| tf_devices(&format!("dev{i}"))),
+        device_info: None,
+    }
+}
+
+/// `req` as the task's own TensorFlow WaitForAllTasks call.
+async fn own_wait(
+    c: &CoordClient,
+    req: tf::WaitForAllTasksRequest,
+) -> Result<tf::WaitForAllTasksResponse, (Code, String, BTreeMap<String, Vec<u8>>)> {
+    c.forward(req, true, true, |ch, r| async move {
+        CoordinationServiceClient::new(ch)
+            .wait_for_all_tasks(r)
+            .await
+    })
+    .await
+    .map_err(|s| failed(&s))
+}
+
+pub async fn wait_for_all_arrivals_recorded_together(replicas: usize) {
+    let env = Env::start(replicas, &["--job", "worker=3"]).await;
+    let c = &env.client.clone();
+    register_all(c, 3).await;
+    // Wrong arrivals answered as their own calls are, beside two recorded ones.
+    let first = vec![
+        wait_request(0, true),
+        wait_request(9, true),
+        tf::WaitForAllTasksRequest {
+            source_task: None,
+            ..wait_request(1, true)
+        },
+        wait_request(1, true),
+    ];
+    let answers = c
+        .wait_for_all_arrivals(first.clone())
+        .await
+        .expect("arrivals");
+    assert_eq!(answers.len(), first.len(), "one answer per arrival");
+    assert!(answers[0].pending && answers[3].pending, "{answers:?}");
+    for i in [1, 2] {
+        let together = outcome(&answers[i]).expect("decided");
+        assert!(together.is_err(), "{together:?}");
+        let alone = own_wait(c, first[i].clone()).await.map(|_| 0);
+        assert_eq!(together, alone, "arrival {i}");
+    }
+    // The last one gathers the job; then every task's own call answers at once, the same for all,
+    // with every task's devices.
+    let last = c
+        .wait_for_all_arrivals(vec![wait_request(2, true)])
+        .await
+        .expect("last");
+    assert_eq!(outcome(&last[0]), Some(Ok(0)), "{last:?}");
+    let mut seen = None;
+    for i in 0..3 {
+        let answer = own_wait(c, wait_request(i, true)).await.expect("gathered");
+        match &seen {
+            Some(s) => assert_eq!(&answer, s, "task {i}: the same answer as task 0's"),
+            None => seen = Some(answer),
+        }
+    }
+    let devices = match seen
+        .and_then(|a| a.cluster_device_info)
+        .and_then(|d| d.r#type)
+    {
+        Some(tf::coordination_service_device_info::Type::Tf(list)) => list.devices,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(devices.len(), 3, "every task's devices");
+    assert_code(
+        c.wait_for_all_arrivals(vec![wait_request(0, false); 65_537])
+            .await,
+        Code::ResourceExhausted,
+        "65537 arrivals in one call, over the limit of 65536",
+    );
+}
+
+/// The WaitForAllTasks calls coord-proxy's tasks send are recorded together and the job's devices
+/// fetched once for all of them, each task answered as its own call would be.
+pub async fn a_sidecar_fetches_the_jobs_devices_once(replicas: usize) {
+    const TASKS: i32 = 8;
+    let mut env = Env::start(replicas, &["--job", &format!("worker={TASKS}")]).await;
+    let c = &env.client.clone();
+    let sidecar = crate::jax::Sidecar::start(&env.cluster.endpoints());
+    register_all(c, TASKS).await;
+    let tf = CoordinationServiceClient::connect(format!("http://{}", sidecar.addr))
+        .await
+        .expect("connect to the sidecar");
+    let waits: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let mut tf = tf.clone();
+            tokio::spawn(async move { tf.wait_for_all_tasks(wait_request(i, true)).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for wait in waits {
+        let answer = wait.await.expect("join").expect("wait through the sidecar");
+        answers.push(answer.into_inner());
+    }
+    let direct = own_wait(c, wait_request(0, true)).await.expect("direct");
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(a, &direct, "task {i}: its own call's answer");
+    }
+    // The leader counts the calls: the eight arrivals were recorded together, and the devices
+    // came in one task's call through the sidecar, or two (the last arrival's answer may come
+    // after the first fetch was answered); one more is this test's own, direct.
+    env.cluster
+        .wait_until(LEADER_TIMEOUT, "the arrivals counted", |cl| {
+            ok_calls(cl, "coordination/WaitForAllTasksArrivals") >= 1
+        })
+        .await;
+    let recorded = ok_calls(&env.cluster, "coordination/WaitForAllTasksArrivals");
+    assert!(
+        (1..TASKS as u64).contains(&recorded),
+        "{TASKS} arrivals recorded in {recorded} calls"
+    );
+    let fetched = ok_calls(&env.cluster, "WaitForAllTasks");
+    assert!(
+        (2..=3).contains(&fetched),
+        "the devices fetched {fetched} times, the test's own call among them"
     );
 }

@@ -287,7 +287,7 @@ fn propagated(e: &ErrorEvent) -> CoordError {
 /// The device info of a WaitForAllTasks request: TF 2.21's `device_info` (field 6), else what
 /// older releases sent (field 4), else none. Each 2.21 device is an `Any`-packed
 /// `DeviceAttributes`; coord keeps the `DeviceAttributes` bytes as they came.
-fn devices_of(req: &tf::WaitForAllTasksRequest) -> Result<DeviceInfo, CoordError> {
+pub(crate) fn devices_of(req: &tf::WaitForAllTasksRequest) -> Result<DeviceInfo, CoordError> {
     match &req.device_info {
         Some(info) if !info.device.is_empty() => info
             .device

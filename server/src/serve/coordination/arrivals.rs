@@ -7,12 +7,16 @@
 //! instance ([`CoordCore::await_instance`]), whose outcome it hands to each of its tasks: the
 //! release answers one call per sidecar.
 //!
+//! WaitForAllTasks is the service's own barrier: its arrivals are recorded together the same way
+//! ([`CoordCore::wait_for_all_arrival`]), and the sidecar then fetches the job's devices once, with
+//! one of its tasks' own WaitForAllTasks call, for all of them.
+//!
 //! An arrival is recorded as the task's own Barrier call records it, by the same command, so a
 //! task gets the same answer either way. Recording an arrival again is harmless (an instance keeps
 //! a set of arrivals, and a finished one answers with its outcome), which lets a re-driven call
 //! record its arrivals again without request ids of their own.
 
-use coord_raft_store::state::{Code, Outcome, TaskName};
+use coord_raft_store::state::{Code, DeviceInfo, Outcome, TaskName};
 use coord_raft_store::{Op, Output};
 
 use super::{unexpected, CoordCore};
@@ -40,6 +44,22 @@ impl CoordCore {
         match self.commit(None, op).await? {
             Output::Barrier { counter, outcome } => Ok((counter, outcome)),
             other => Err(unexpected("Barrier", &other)),
+        }
+    }
+
+    /// Records one task's WaitForAllTasks arrival with its devices, as its own call would, without
+    /// waiting: the service's barrier instance, and its outcome if the job has gathered.
+    pub async fn wait_for_all_arrival(
+        &self,
+        named: Result<(TaskName, DeviceInfo), CoordError>,
+    ) -> Result<(i64, Option<Outcome>), CoordError> {
+        let (task, devices) = named?;
+        match self
+            .commit(None, Op::WaitForAllTasks { task, devices })
+            .await?
+        {
+            Output::Barrier { counter, outcome } => Ok((counter, outcome)),
+            other => Err(unexpected("WaitForAllTasks", &other)),
         }
     }
 
