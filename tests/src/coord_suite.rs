@@ -9,14 +9,17 @@
 //!
 //! - `tasks`: registration, WaitForAllTasks, heartbeats and their timeouts, reported errors.
 //! - `barriers`: barriers that pass and are reused, and every way a barrier fails.
-//! - `beats`, `arrivals`: heartbeats and barrier arrivals a sidecar sends together.
+//! - `beats`, `arrivals`: heartbeats and barrier arrivals a sidecar sends together; `reads`:
+//!   reads its tasks send alike, sent once (`sidecar` starts the sidecar of these checks).
 //! - `shutdown`: ShutdownTask with and without a shutdown barrier, and the service's shutdown.
 
 mod arrivals;
 mod barriers;
 mod beats;
 mod env;
+mod reads;
 mod shutdown;
+mod sidecar;
 mod tasks;
 
 pub use env::{assert_code, task, w, Env, LEADER_TIMEOUT};
@@ -27,6 +30,7 @@ pub use arrivals::{
 };
 pub use barriers::{barrier_failures, barriers_pass_and_are_reused};
 pub use beats::{a_sidecar_sends_its_tasks_heartbeats_together, heartbeats_sent_together};
+pub use reads::a_sidecar_reads_alike_keys_once;
 pub use shutdown::{shutdown_barrier, shutdown_service_aborts_barriers, shutdown_without_barrier};
 pub use tasks::{
     heartbeats_and_timeouts, register_and_wait_for_all_tasks, registration_rules,
@@ -86,6 +90,10 @@ macro_rules! coordination_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_sidecar_fetches_the_jobs_devices_once() {
             suite::a_sidecar_fetches_the_jobs_devices_once($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_sidecar_reads_alike_keys_once() {
+            suite::a_sidecar_reads_alike_keys_once($replicas).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn shutdown_service_aborts_barriers() {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use coord_proto::tensorflow as tf;
 use coord_tests::coord_suite::{assert_code, w, Env, LEADER_TIMEOUT};
+use tonic::transport::Channel;
 use tonic::Code;
 
 async fn leader_of(env: &mut Env) -> u64 {
@@ -70,44 +71,66 @@ async fn a_barrier_survives_the_leader_kill() {
     );
 }
 
-/// coord-proxy records its tasks' arrivals and waits on the barrier with one call: that wait is
-/// re-parked on the new leader, and every task is answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
+type SidecarClient = tf::coordination_service_client::CoordinationServiceClient<Channel>;
+
+/// Three tasks through coord-proxy: tasks 0 and 1 call (`call(client, task)`), the sidecar's one
+/// call for them is parked on the leader, the leader is killed; then task 2 calls. Returns task 2's
+/// answer, from the new leader, and the first two's.
+async fn across_a_kill_through_a_sidecar<T, F, Fut>(call: F) -> (T, Vec<T>)
+where
+    T: Send + 'static,
+    F: Fn(SidecarClient, i32) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+{
     let mut env = Env::start(3, &["--job", "worker=3"]).await;
     let sidecar = coord_tests::jax::Sidecar::start(&env.cluster.endpoints());
     register(&env, 3).await;
-    let tf = tf::coordination_service_client::CoordinationServiceClient::connect(format!(
-        "http://{}",
-        sidecar.addr
-    ))
-    .await
-    .expect("connect to the sidecar");
-    let arrive = |i: i32| {
-        let mut tf = tf.clone();
-        tokio::spawn(async move {
-            tf.barrier(tf::BarrierRequest {
-                barrier_id: "sync".into(),
-                barrier_timeout_in_ms: 60_000,
-                tasks: Vec::new(),
-                source_task: Some(w(i)),
-                counter: 0,
-            })
-            .await
-            .map(|r| r.into_inner().counter)
-        })
+    let tf = SidecarClient::connect(format!("http://{}", sidecar.addr))
+        .await
+        .expect("connect to the sidecar");
+    let answer = |i: i32| {
+        let call = call(tf.clone(), i);
+        async move {
+            let answered = tokio::spawn(call).await.expect("join");
+            answered
+                .unwrap_or_else(|s| panic!("task {i} through the sidecar: {s:?}"))
+                .into_inner()
+        }
     };
-    let waiting: Vec<_> = (0..2).map(arrive).collect();
-    // The sidecar's one wait, parked once an arrival is recorded (the other may still be on its
+    let waiting: Vec<_> = (0..2).map(|i| tokio::spawn(answer(i))).collect();
+    // The sidecar's one call, parked once an arrival is recorded (the other may still be on its
     // way: the proxy sends it again to the new leader).
     env.wait_parked(1).await;
     let old = leader_of(&mut env).await;
     env.cluster.kill(old);
     let new = leader_of(&mut env).await;
     assert_ne!(new, old);
-    assert_eq!(arrive(2).await.expect("join").expect("last arrival"), 0);
+    let last = answer(2).await;
+    let mut earlier = Vec::new();
     for wtask in waiting {
-        assert_eq!(wtask.await.expect("join").expect("re-parked wait"), 0);
+        earlier.push(wtask.await.expect("join"));
+    }
+    (last, earlier)
+}
+
+/// coord-proxy records its tasks' arrivals and waits on the barrier with one call: that wait is
+/// re-parked on the new leader, and every task is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
+    let (last, earlier) = across_a_kill_through_a_sidecar(|mut tf, i| async move {
+        tf.barrier(tf::BarrierRequest {
+            barrier_id: "sync".into(),
+            barrier_timeout_in_ms: 60_000,
+            tasks: Vec::new(),
+            source_task: Some(w(i)),
+            counter: 0,
+        })
+        .await
+    })
+    .await;
+    assert_eq!(last.counter, 0);
+    for answer in earlier {
+        assert_eq!(answer.counter, 0, "the re-parked wait's answer");
     }
 }
 
@@ -115,37 +138,16 @@ async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
 /// of their calls: that call is re-driven on the new leader, and every task gets the devices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecars_wait_for_all_tasks_survives_the_leader_kill() {
-    let mut env = Env::start(3, &["--job", "worker=3"]).await;
-    let sidecar = coord_tests::jax::Sidecar::start(&env.cluster.endpoints());
-    register(&env, 3).await;
-    let tf = tf::coordination_service_client::CoordinationServiceClient::connect(format!(
-        "http://{}",
-        sidecar.addr
-    ))
-    .await
-    .expect("connect to the sidecar");
-    let wait = |i: i32| {
-        let mut tf = tf.clone();
-        tokio::spawn(async move {
-            tf.wait_for_all_tasks(tf::WaitForAllTasksRequest {
-                source_task: Some(w(i)),
-                local_device_info: None,
-                device_info: Some(tf::DeviceInfo::default()),
-            })
-            .await
-            .map(|r| r.into_inner())
+    let (last, earlier) = across_a_kill_through_a_sidecar(|mut tf, i| async move {
+        tf.wait_for_all_tasks(tf::WaitForAllTasksRequest {
+            source_task: Some(w(i)),
+            local_device_info: None,
+            device_info: Some(tf::DeviceInfo::default()),
         })
-    };
-    let waiting: Vec<_> = (0..2).map(wait).collect();
-    // The sidecar's one fetch, parked once an arrival is recorded.
-    env.wait_parked(1).await;
-    let old = leader_of(&mut env).await;
-    env.cluster.kill(old);
-    let new = leader_of(&mut env).await;
-    assert_ne!(new, old);
-    let last = wait(2).await.expect("join").expect("last arrival");
-    for wtask in waiting {
-        let answer = wtask.await.expect("join").expect("re-driven fetch");
+        .await
+    })
+    .await;
+    for answer in earlier {
         assert_eq!(answer, last, "every task gets the same answer");
     }
 }

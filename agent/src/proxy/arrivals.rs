@@ -35,13 +35,17 @@ use crate::client::CoordClient;
 /// (`coordination::MAX_ARRIVALS`).
 const MAX_BATCH: usize = 8_192;
 
+/// Most bytes of arrivals in one call (one larger arrival goes alone): under the 4 MiB an older
+/// replica decodes, whatever devices or task lists the arrivals carry.
+const MAX_BATCH_BYTES: usize = 2 << 20;
+
 /// A future the kinds hand back, boxed.
 pub type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A kind of call whose arrivals are recorded together.
 pub trait Gathered: Send + Sync + 'static {
     /// A task's own request.
-    type Req: Clone + Send + Sync + 'static;
+    type Req: prost::Message + Clone + Send + Sync + 'static;
     /// What its own call answers.
     type Answer: Clone + Send + 'static;
     /// What one shared answer is for: the instance waited on (and the form of its answer).
@@ -185,12 +189,27 @@ async fn send_queued<G: Gathered>(shared: &Arc<Shared<G>>, client: &CoordClient)
                 state.sending = false;
                 return;
             }
-            let n = state.queued.len().min(MAX_BATCH);
+            let n = batch_len(&state.queued);
             state.queued.drain(..n).collect::<Vec<_>>()
         };
         shared.calls.fetch_add(1, Ordering::Relaxed);
         record(shared, client, batch).await;
     }
+}
+
+/// How many of the `queued` arrivals the next call carries: at least one, at most [`MAX_BATCH`]
+/// and [`MAX_BATCH_BYTES`].
+fn batch_len<R: prost::Message, T>(queued: &[(R, T)]) -> usize {
+    let mut bytes = 0;
+    let fit = queued
+        .iter()
+        .take(MAX_BATCH)
+        .take_while(|(req, _)| {
+            bytes += req.encoded_len();
+            bytes <= MAX_BATCH_BYTES
+        })
+        .count();
+    fit.max(1).min(queued.len())
 }
 
 /// Records `batch` in one call; answers each decided arrival and puts each other one with those
@@ -277,4 +296,30 @@ fn wait_on<G: Gathered>(
             let _ = reply.send(outcome.clone());
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_proto::tensorflow::BarrierRequest;
+
+    fn queued(n: usize, id_bytes: usize) -> Vec<(BarrierRequest, ())> {
+        let req = BarrierRequest {
+            barrier_id: "b".repeat(id_bytes),
+            ..Default::default()
+        };
+        vec![(req, ()); n]
+    }
+
+    #[test]
+    fn a_batch_is_capped_by_count_and_by_bytes() {
+        assert_eq!(batch_len(&queued(3, 10)), 3);
+        assert_eq!(batch_len(&queued(MAX_BATCH + 5, 10)), MAX_BATCH);
+        // 1 MiB arrivals: two fit in one call.
+        assert_eq!(batch_len(&queued(5, 1 << 20)), 1);
+        assert_eq!(batch_len(&queued(5, (1 << 20) - 16)), 2);
+        // One arrival over the cap still goes, alone.
+        assert_eq!(batch_len(&queued(2, 3 << 20)), 1);
+        assert_eq!(batch_len::<BarrierRequest, ()>(&[]), 0);
+    }
 }

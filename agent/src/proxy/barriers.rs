@@ -128,8 +128,6 @@ impl Gathered for WaitsForAll {
             let resp = client
                 .forward(req, true, false, |ch, r| async move {
                     CoordinationClient::new(ch)
-                        .max_decoding_message_size(super::MESSAGE_LIMIT)
-                        .max_encoding_message_size(super::MESSAGE_LIMIT)
                         .wait_for_all_tasks_arrivals(r)
                         .await
                 })

@@ -11,17 +11,24 @@
 //! instead of applying them twice; calls that park on the service (blocking get, barriers,
 //! GetAliveTasks, watches, PollForError) are re-parked there. The client sees one slow call, never
 //! an error. Answers of the service (its errors included) pass through unchanged.
+//!
+//! The proxy carries every task of its host, so what they send alike goes to the ensemble once:
+//! heartbeats held a moment ([`beats`]), barrier and WaitForAllTasks arrivals ([`arrivals`]), and
+//! reads of the same key or directory ([`reads`]).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use self::reads::SharedReads;
 use crate::client::{Channel, CoordClient};
 
 pub mod arrivals;
 pub mod barriers;
 pub mod beats;
 pub mod push;
+pub mod reads;
 pub mod splits;
 pub mod tcpstore;
 pub mod tf;
@@ -42,25 +49,43 @@ enum Call {
     Write,
     /// Changes state and parks (registration at its barrier, barriers, GetAliveTasks).
     WaitingWrite,
+    /// A [`Call::Read`] sent once for every task that sends it alike ([`reads`]).
+    SharedRead,
+    /// A [`Call::WaitingRead`] sent once for every task that sends it alike ([`reads`]).
+    SharedWaitingRead,
 }
 
-/// Forwards one call as `call` says, over `client`'s failover.
+/// Forwards one call of `method` as `call` says, over `client`'s failover.
 async fn forward<Req, Resp, F, Fut>(
-    client: &CoordClient,
+    (client, reads): (&CoordClient, &Arc<SharedReads>),
+    method: &'static str,
     req: Request<Req>,
     call: Call,
     f: F,
 ) -> Result<Response<Resp>, Status>
 where
-    Req: Clone,
-    F: Fn(Channel, Request<Req>) -> Fut,
-    Fut: Future<Output = Result<Response<Resp>, Status>>,
+    Req: prost::Message + Clone + Send + 'static,
+    Resp: Clone + Send + Sync + 'static,
+    F: Fn(Channel, Request<Req>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<Resp>, Status>> + Send,
 {
     let (mutation, waits) = match call {
         Call::Read => (false, false),
         Call::WaitingRead => (false, true),
         Call::Write => (true, false),
         Call::WaitingWrite => (true, true),
+        Call::SharedRead | Call::SharedWaitingRead => {
+            let waits = matches!(call, Call::SharedWaitingRead);
+            let client = client.clone();
+            let send = move |req| {
+                let (client, f) = (client.clone(), f.clone());
+                async move { client.forward(req, false, waits, f).await }
+            };
+            return reads
+                .read(method, req.into_inner(), send)
+                .await
+                .map(Response::new);
+        }
     };
     client
         .forward(req.into_inner(), mutation, waits, f)
@@ -88,12 +113,13 @@ macro_rules! proxy_service {
      $(@fields { $($field:ident: $fty:ty = $init:expr,)* } @custom { $($custom:tt)* })?) => {
         pub struct $proxy {
             client: $crate::client::CoordClient,
+            reads: std::sync::Arc<super::reads::SharedReads>,
             $($($field: $fty,)*)?
         }
 
         impl $proxy {
             pub fn new(client: $crate::client::CoordClient) -> Self {
-                Self { client, $($($field: $init,)*)? }
+                Self { client, reads: Default::default(), $($($field: $init,)*)? }
             }
         }
 
@@ -106,7 +132,8 @@ macro_rules! proxy_service {
                 &self,
                 req: tonic::Request<pb::$req>,
             ) -> Result<tonic::Response<pb::$resp>, tonic::Status> {
-                super::forward(&self.client, req, $call, |ch, r| async move {
+                let method = stringify!($method);
+                super::forward((&self.client, &self.reads), method, req, $call, |ch, r| async move {
                     $upstream(ch).$method(r).await
                 })
                 .await

@@ -27,10 +27,10 @@ proxy_service! {
     get_task_state(GetTaskStateRequest) -> GetTaskStateResponse: Call::Read;
     watch_job_state(WatchJobStateRequest) -> WatchJobStateResponse: Call::WaitingRead;
     insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse: Call::Write;
-    get_key_value(GetKeyValueRequest) -> GetKeyValueResponse: Call::WaitingRead;
-    try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse: Call::Read;
+    get_key_value(GetKeyValueRequest) -> GetKeyValueResponse: Call::SharedWaitingRead;
+    try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse: Call::SharedRead;
     increment_key_value(IncrementKeyValueRequest) -> IncrementKeyValueResponse: Call::Write;
-    get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::Read;
+    get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::SharedRead;
     delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse: Call::Write;
     cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
     get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::raft::peers::PeerChannel;
+use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use coord_proto::coord::coordination as pb;
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
@@ -36,7 +36,55 @@ impl CoordService {
     pub fn new(router: Arc<Router>, core: Arc<CoordCore>) -> Self {
         Self { router, core }
     }
+
+    /// Admits a call carrying several tasks' `items`: at most `what.limit` of them (more is
+    /// RESOURCE_EXHAUSTED naming the limit), each naming a task the caller may act as.
+    fn admit<T, I>(
+        &self,
+        req: &Request<T>,
+        method: &'static str,
+        what: Items,
+        items: &[I],
+        task_of: impl Fn(&I) -> Option<&tf::CoordinatedTask>,
+    ) -> Result<(), Status> {
+        let Items { name, task, limit } = what;
+        if items.len() > limit {
+            let over = Status::resource_exhausted(format!(
+                "{method}: {} {name} in one call, over the limit of {limit}; send them in several \
+                 calls",
+                items.len()
+            ));
+            self.router.checked(method, Err(over))?;
+        }
+        for (i, item) in items.iter().enumerate() {
+            let field = format!("{name}[{i}].{task}");
+            self.router.check_task(req, method, &field, task_of(item))?;
+        }
+        Ok(())
+    }
 }
+
+/// What a call carrying several tasks' items calls them, the field naming each one's task, and how
+/// many one call may carry.
+#[derive(Clone, Copy)]
+struct Items {
+    name: &'static str,
+    task: &'static str,
+    limit: usize,
+}
+
+impl Items {
+    const fn new(name: &'static str, task: &'static str, limit: usize) -> Items {
+        Items { name, task, limit }
+    }
+}
+
+/// The beats of [`Coordination::heartbeats`].
+const BEATS: Items = Items::new("beats", "task", MAX_BEATS);
+
+/// The arrivals of [`Coordination::barrier_arrivals`] and
+/// [`Coordination::wait_for_all_tasks_arrivals`].
+const ARRIVALS: Items = Items::new("arrivals", "source_task", MAX_ARRIVALS);
 
 /// Most heartbeats one call may carry: a sidecar carries the tasks of one host, and a call this
 /// large still answers in a few milliseconds.
@@ -158,6 +206,8 @@ async fn arrival_answer(
 
 fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
     CoordinationClient::new(ch)
+        .max_decoding_message_size(PEER_MESSAGE_LIMIT)
+        .max_encoding_message_size(PEER_MESSAGE_LIMIT)
 }
 
 #[tonic::async_trait]
@@ -204,19 +254,7 @@ impl Coordination for CoordService {
     ) -> Result<Response<pb::HeartbeatsResponse>, Status> {
         const METHOD: &str = "coordination/Heartbeats";
         let beats = &req.get_ref().beats;
-        if beats.len() > MAX_BEATS {
-            let over = Status::resource_exhausted(format!(
-                "{METHOD}: {} beats in one call, over the limit of {MAX_BEATS}; send them in \
-                 several calls",
-                beats.len()
-            ));
-            self.router.checked(METHOD, Err(over))?;
-        }
-        for (i, beat) in beats.iter().enumerate() {
-            let field = format!("beats[{i}].task");
-            self.router
-                .check_task(&req, METHOD, &field, beat.task.as_ref())?;
-        }
+        self.admit(&req, METHOD, BEATS, beats, |b| b.task.as_ref())?;
         let core = &*self.core;
         self.router
             .route(
@@ -245,19 +283,7 @@ impl Coordination for CoordService {
     ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
         const METHOD: &str = "coordination/BarrierArrivals";
         let arrivals = &req.get_ref().arrivals;
-        if arrivals.len() > MAX_ARRIVALS {
-            let over = Status::resource_exhausted(format!(
-                "{METHOD}: {} arrivals in one call, over the limit of {MAX_ARRIVALS}; send them \
-                 in several calls",
-                arrivals.len()
-            ));
-            self.router.checked(METHOD, Err(over))?;
-        }
-        for (i, a) in arrivals.iter().enumerate() {
-            let field = format!("arrivals[{i}].source_task");
-            self.router
-                .check_task(&req, METHOD, &field, a.source_task.as_ref())?;
-        }
+        self.admit(&req, METHOD, ARRIVALS, arrivals, |a| a.source_task.as_ref())?;
         let core = &*self.core;
         self.router
             .route(
@@ -287,19 +313,7 @@ impl Coordination for CoordService {
     ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
         const METHOD: &str = "coordination/WaitForAllTasksArrivals";
         let arrivals = &req.get_ref().arrivals;
-        if arrivals.len() > MAX_ARRIVALS {
-            let over = Status::resource_exhausted(format!(
-                "{METHOD}: {} arrivals in one call, over the limit of {MAX_ARRIVALS}; send them \
-                 in several calls",
-                arrivals.len()
-            ));
-            self.router.checked(METHOD, Err(over))?;
-        }
-        for (i, a) in arrivals.iter().enumerate() {
-            let field = format!("arrivals[{i}].source_task");
-            self.router
-                .check_task(&req, METHOD, &field, a.source_task.as_ref())?;
-        }
+        self.admit(&req, METHOD, ARRIVALS, arrivals, |a| a.source_task.as_ref())?;
         let core = &*self.core;
         self.router
             .route(

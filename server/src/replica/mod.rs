@@ -221,7 +221,7 @@ impl Replica {
             proposer: proposer.clone(),
             read_index: read_index.clone(),
             reader: NsReader(reader.clone()),
-            memories: Default::default(),
+            memories: crate::serve::dispatcher::memory::Memories::on(heartbeats.clock()),
             push: Default::default(),
             config: crate::serve::dispatcher::DispatcherConfig::from_args(&args),
         });
@@ -378,8 +378,11 @@ impl Replica {
                 lease: this.args.leader_lease(),
             },
         ));
+        // A sidecar's call carries up to `MAX_ARRIVALS` of its tasks' requests: as TensorFlow's own.
         let coordination =
-            CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()));
+            CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()))
+                .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+                .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let kv_svc = KeyValueServer::new(crate::api::kv::KvService::new(
             this.router.clone(),
             this.kv.clone(),

@@ -12,13 +12,9 @@
 //! timeout costs about 10,000 such looks a second, and a tick with nothing due costs one. Only
 //! the moment this replica begins to lead walks every connected task, to give each its grace.
 //!
-//! Silence is measured on the leader's own clock: wall time less the time this replica itself was
-//! stalled. A leader whose runtime is overloaded (or whose process was stopped) reads heartbeats
-//! late, and counting that delay as the tasks' silence would declare live tasks dead by the
-//! thousand at once, whose error decisions then add to the very load that caused them. The
-//! checker sees such a stall as its own tick waking late: what passes [`STALL_SLACK`] is left out
-//! of every task's silence. A truly dead task is still found, later by the stall; a replica that
-//! is always late still advances its clock by at least `TICK + STALL_SLACK` a tick.
+//! Silence is measured on the replica's own clock ([`StallClock`]): wall time less the time this
+//! replica itself was stalled. The checker is what sees a stall, as its own tick waking late; a
+//! replica that is always late still advances its clock by at least `TICK + STALL_SLACK` a tick.
 //!
 //! Tasks are known by namespace and name (the same task name in two namespaces is two tasks); a
 //! call's task is in the namespace the call is bound to.
@@ -35,6 +31,7 @@ use coord_raft_store::Op;
 use crate::raft::leader::{LeaderWatch, Leadership};
 use crate::serve::namespace::{self, Ns};
 use crate::serve::proposer::Proposer;
+use crate::serve::stall::StallClock;
 
 /// A task of one namespace.
 type Task = (Ns, TaskName);
@@ -48,20 +45,15 @@ fn bound(task: &TaskName) -> Task {
 /// this of its timeout.
 const TICK: Duration = Duration::from_millis(20);
 
-/// How late a tick may wake before the lateness counts as this replica's own stall: more than a
-/// busy runtime's usual delay, well under any heartbeat timeout.
-const STALL_SLACK: Duration = Duration::from_millis(100);
-
-/// A stall this long is logged (shorter ones only add to the metric).
-const STALL_LOGGED: Duration = Duration::from_secs(1);
-
 #[derive(Default)]
 pub struct Heartbeats {
     inner: Mutex<Inner>,
+    /// The replica's clock, which this checker keeps (and the dispatcher's timers read).
+    clock: Arc<StallClock>,
 }
 
-/// What the leader last heard from a task. Instants here are on the leader's clock
-/// ([`Inner::clock`]).
+/// What the leader last heard from a task. Instants here are on the replica's clock
+/// ([`StallClock`]).
 struct Heard {
     incarnation: u64,
     at: Instant,
@@ -115,17 +107,9 @@ struct Inner {
     since: Option<Instant>,
     /// When each task last disconnected through this leader (ShutdownTask, ResetTask), wall clock.
     disconnected: HashMap<Task, Instant>,
-    /// How long this replica has been stalled in all: the leader's clock is the wall clock less
-    /// this (see the module doc).
-    stalled: Duration,
 }
 
 impl Inner {
-    /// The leader's clock at wall-clock instant `wall`: `wall` less every stall so far.
-    fn clock(&self, wall: Instant) -> Instant {
-        wall.checked_sub(self.stalled).unwrap_or(wall)
-    }
-
     /// Notes `task` heard at `at`, queueing it if it is checked and not queued already.
     fn heard(&mut self, task: Task, incarnation: u64, timeout: Duration, at: Instant) {
         let queue = if let Some(h) = self.last.get_mut(&task) {
@@ -194,11 +178,16 @@ impl Inner {
         }
     }
 
-    /// This replica began to lead at `since`, with `connected` the connected tasks then: what
-    /// an earlier leadership heard is forgotten, what this one heard already is kept, and every
-    /// connected task not heard yet counts as heard at `since`.
-    fn start_leading(&mut self, since: Instant, connected: Vec<(Task, u64, Duration)>) {
-        let (wall, since) = (since, self.clock(since));
+    /// This replica began to lead at wall-clock `wall`, `since` on the replica's clock, with
+    /// `connected` the connected tasks then: what an earlier leadership heard is forgotten, what
+    /// this one heard already is kept, and every connected task not heard yet counts as heard at
+    /// `since`.
+    fn start_leading(
+        &mut self,
+        wall: Instant,
+        since: Instant,
+        connected: Vec<(Task, u64, Duration)>,
+    ) {
         self.last.retain(|_, h| h.at >= since);
         self.disconnected.retain(|_, at| *at >= wall);
         self.due.clear();
@@ -230,29 +219,18 @@ impl Heartbeats {
     /// `task` (of the current call's namespace, whose heartbeat timeout is `timeout`) was heard
     /// from just now.
     pub fn record(&self, task: &TaskName, incarnation: u64, timeout: Duration) {
-        let mut g = self.inner();
-        let at = g.clock(Instant::now());
-        g.heard(bound(task), incarnation, timeout, at);
+        let at = self.clock.now();
+        self.inner().heard(bound(task), incarnation, timeout, at);
+    }
+
+    /// The replica's clock this checker keeps.
+    pub fn clock(&self) -> Arc<StallClock> {
+        self.clock.clone()
     }
 
     /// How long this replica has been stalled in all (`coord_replica_stalled_seconds_total`).
     pub fn stalled(&self) -> Duration {
-        self.inner().stalled
-    }
-
-    /// The checker's tick woke `late` after it was due (counted from the last tick's waking):
-    /// what passes [`STALL_SLACK`] was this replica's own stall.
-    fn woke_late(&self, late: Duration) {
-        let Some(stall) = late.checked_sub(STALL_SLACK) else {
-            return;
-        };
-        self.inner().stalled += stall;
-        if stall >= STALL_LOGGED {
-            tracing::warn!(
-                stall_ms = stall.as_millis() as u64,
-                "this replica was stalled (its heartbeat checker woke late); that time is not counted as any task's heartbeat silence"
-            );
-        }
+        self.clock.stalled()
     }
 
     /// The task disconnected just now (its ShutdownTask or ResetTask committed).
@@ -274,10 +252,10 @@ impl Heartbeats {
 
     /// How long ago the task was last heard from with `incarnation` (leader memory only).
     pub fn age(&self, task: &TaskName, incarnation: u64) -> Option<Duration> {
-        let g = self.inner();
-        match g.last.get(&bound(task)) {
+        let now = self.clock.now();
+        match self.inner().last.get(&bound(task)) {
             Some(h) if h.heard && h.incarnation == incarnation => {
-                Some(g.clock(Instant::now()).saturating_duration_since(h.at))
+                Some(now.saturating_duration_since(h.at))
             }
             _ => None,
         }
@@ -326,20 +304,22 @@ pub async fn check(
     loop {
         // Wake to wake, so a stop that lands while the checker works counts too.
         let last = std::mem::replace(&mut woke, Instant::now());
-        heartbeats.woke_late(woke.saturating_duration_since(last).saturating_sub(TICK));
+        let late = woke.saturating_duration_since(last).saturating_sub(TICK);
+        heartbeats.clock.woke_late(late);
         let now_leading = leader.current() == Leadership::Me;
         if now_leading && !leading {
             let since = leader
                 .leading_since()
                 .map_or_else(Instant::now, tokio::time::Instant::into_std);
             let connected = reader.read(connected_tasks);
-            heartbeats.inner().start_leading(since, connected);
+            let on_clock = heartbeats.clock.at(since);
+            heartbeats.inner().start_leading(since, on_clock, connected);
         }
         leading = now_leading;
         if leading {
             let (now, fell, since) = {
+                let now = heartbeats.clock.now();
                 let mut g = heartbeats.inner();
-                let now = g.clock(Instant::now());
                 (now, g.fell_due(now), g.since.unwrap_or(now))
             };
             for f in fell {
@@ -390,7 +370,7 @@ mod tests {
         let t: Task = (None, TaskName::new("w", 0));
         let t0 = Instant::now();
         let sec = Duration::from_secs(1);
-        inner.start_leading(t0, vec![(t.clone(), 1, 10 * sec)]);
+        inner.start_leading(t0, t0, vec![(t.clone(), 1, 10 * sec)]);
         assert!(!inner.last[&t].heard, "given grace, not heard from");
         assert!(fell(&mut inner, t0 + 9 * sec).is_empty(), "grace");
         assert_eq!(fell(&mut inner, t0 + 11 * sec), vec![(t.clone(), 1)]);
@@ -409,7 +389,7 @@ mod tests {
         let t: Task = (None, TaskName::new("w", 0));
         let t0 = Instant::now();
         let sec = Duration::from_secs(1);
-        inner.start_leading(t0, Vec::new());
+        inner.start_leading(t0, t0, Vec::new());
         inner.heard(t.clone(), 1, 10 * sec, t0);
         for beat in 1..20 {
             inner.heard(t.clone(), 1, 10 * sec, t0 + beat * sec);
@@ -431,14 +411,14 @@ mod tests {
         let sec = Duration::from_secs(1);
         let t0 = Instant::now();
         heartbeats.inner().heard(t.clone(), 1, 10 * sec, t0);
-        // Lateness within the slack is a busy runtime's, not a stall.
-        heartbeats.woke_late(STALL_SLACK);
-        assert_eq!(heartbeats.stalled(), Duration::ZERO);
         // The process stopped for 5 s: the task is silent 5 s longer before it falls due.
-        heartbeats.woke_late(5 * sec + STALL_SLACK);
+        heartbeats
+            .clock
+            .woke_late(5 * sec + crate::serve::stall::STALL_SLACK);
         assert_eq!(heartbeats.stalled(), 5 * sec);
+        let clock = heartbeats.clock();
+        let (early, due) = (clock.at(t0 + 14 * sec), clock.at(t0 + 16 * sec));
         let mut g = heartbeats.inner();
-        let (early, due) = (g.clock(t0 + 14 * sec), g.clock(t0 + 16 * sec));
         assert!(
             fell(&mut g, early).is_empty(),
             "14 s of wall time, 9 of silence"
@@ -456,7 +436,7 @@ mod tests {
         inner.heard(old.clone(), 1, 10 * sec, t0);
         // Registered through this leader just before its checker saw it lead.
         inner.heard(new.clone(), 7, 10 * sec, t0 + 5 * sec);
-        inner.start_leading(t0 + 4 * sec, vec![(old.clone(), 1, 10 * sec)]);
+        inner.start_leading(t0 + 4 * sec, t0 + 4 * sec, vec![(old.clone(), 1, 10 * sec)]);
         assert!(fell(&mut inner, t0 + 13 * sec).is_empty(), "grace from 4 s");
         assert_eq!(fell(&mut inner, t0 + 14 * sec), vec![(old, 1)]);
         assert_eq!(fell(&mut inner, t0 + 15 * sec), vec![(new, 7)]);

@@ -30,5 +30,6 @@ pub mod quota;
 pub mod raw_kv;
 pub mod read_index;
 pub mod route;
+pub mod stall;
 pub mod watch_hub;
 pub mod write_rate;

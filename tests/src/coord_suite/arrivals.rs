@@ -13,7 +13,8 @@ use coord_proto::tensorflow::distributed_runtime::{GrpcPayloadContainer, BARRIER
 use prost::Message;
 use tonic::Code;
 
-use super::env::{assert_code, ok_calls, register_all, tf_devices, w, Env, LEADER_TIMEOUT};
+use super::env::{assert_code, ok_calls, register_all, tf_devices, w, Env};
+use super::sidecar::{every_task, through_a_sidecar, TASKS};
 
 /// A call's outcome as the tests compare them: the counter, or the code, message and the
 /// payloads of the status details (TensorFlow's payload container is a map, encoded in no fixed
@@ -211,23 +212,14 @@ pub async fn barrier_arrivals_recorded_together(replicas: usize) {
 /// The Barrier calls coord-proxy's tasks send are recorded together and answered from one wait,
 /// each task answered as its own call would be.
 pub async fn a_sidecar_records_its_tasks_barrier_arrivals_together(replicas: usize) {
-    const TASKS: i32 = 8;
-    let mut env = Env::start(replicas, &["--job", &format!("worker={TASKS}")]).await;
+    let (mut env, _sidecar, tf) = through_a_sidecar(replicas).await;
     let c = &env.client.clone();
-    let sidecar = crate::jax::Sidecar::start(&env.cluster.endpoints());
-    register_all(c, TASKS).await;
-    let tf = CoordinationServiceClient::connect(format!("http://{}", sidecar.addr))
-        .await
-        .expect("connect to the sidecar");
-    let arrivals: Vec<_> = (0..TASKS)
-        .map(|i| {
-            let mut tf = tf.clone();
-            tokio::spawn(async move { tf.barrier(arrival("step", 0, 30_000, Some(w(i)))).await })
-        })
-        .collect();
-    for a in arrivals {
-        let answer = a.await.expect("join").expect("barrier through the sidecar");
-        assert_eq!(answer.into_inner().counter, 0);
+    let answers = every_task(&tf, |mut tf, i| async move {
+        tf.barrier(arrival("step", 0, 30_000, Some(w(i)))).await
+    })
+    .await;
+    for answer in answers {
+        assert_eq!(answer.counter, 0);
     }
     // A barrier that times out fails through the sidecar as it does without it.
     let mut alone = tf.clone();
@@ -246,12 +238,7 @@ pub async fn a_sidecar_records_its_tasks_barrier_arrivals_together(replicas: usi
     );
     // The leader counts the calls: no task's Barrier call went on its own, and the eight waited
     // on fewer calls than eight.
-    env.cluster
-        .wait_until(LEADER_TIMEOUT, "the barrier's waits counted", |cl| {
-            ok_calls(cl, "coordination/AwaitBarrier") >= 2
-        })
-        .await;
-    let waits = ok_calls(&env.cluster, "coordination/AwaitBarrier");
+    let waits = env.counted_ok("coordination/AwaitBarrier", 2).await;
     assert!(
         (2..TASKS as u64).contains(&waits),
         "{TASKS} tasks at one barrier and one at another waited in {waits} calls"
@@ -348,25 +335,12 @@ pub async fn wait_for_all_arrivals_recorded_together(replicas: usize) {
 /// The WaitForAllTasks calls coord-proxy's tasks send are recorded together and the job's devices
 /// fetched once for all of them, each task answered as its own call would be.
 pub async fn a_sidecar_fetches_the_jobs_devices_once(replicas: usize) {
-    const TASKS: i32 = 8;
-    let mut env = Env::start(replicas, &["--job", &format!("worker={TASKS}")]).await;
+    let (mut env, _sidecar, tf) = through_a_sidecar(replicas).await;
     let c = &env.client.clone();
-    let sidecar = crate::jax::Sidecar::start(&env.cluster.endpoints());
-    register_all(c, TASKS).await;
-    let tf = CoordinationServiceClient::connect(format!("http://{}", sidecar.addr))
-        .await
-        .expect("connect to the sidecar");
-    let waits: Vec<_> = (0..TASKS)
-        .map(|i| {
-            let mut tf = tf.clone();
-            tokio::spawn(async move { tf.wait_for_all_tasks(wait_request(i, true)).await })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for wait in waits {
-        let answer = wait.await.expect("join").expect("wait through the sidecar");
-        answers.push(answer.into_inner());
-    }
+    let answers = every_task(&tf, |mut tf, i| async move {
+        tf.wait_for_all_tasks(wait_request(i, true)).await
+    })
+    .await;
     let direct = own_wait(c, wait_request(0, true)).await.expect("direct");
     for (i, a) in answers.iter().enumerate() {
         assert_eq!(a, &direct, "task {i}: its own call's answer");
@@ -374,12 +348,9 @@ pub async fn a_sidecar_fetches_the_jobs_devices_once(replicas: usize) {
     // The leader counts the calls: the eight arrivals were recorded together, and the devices
     // came in one task's call through the sidecar, or two (the last arrival's answer may come
     // after the first fetch was answered); one more is this test's own, direct.
-    env.cluster
-        .wait_until(LEADER_TIMEOUT, "the arrivals counted", |cl| {
-            ok_calls(cl, "coordination/WaitForAllTasksArrivals") >= 1
-        })
+    let recorded = env
+        .counted_ok("coordination/WaitForAllTasksArrivals", 1)
         .await;
-    let recorded = ok_calls(&env.cluster, "coordination/WaitForAllTasksArrivals");
     assert!(
         (1..TASKS as u64).contains(&recorded),
         "{TASKS} arrivals recorded in {recorded} calls"

@@ -8,7 +8,7 @@ use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tonic::Code;
 
-use super::env::{assert_code, ok_calls, register_all, w, Env, LEADER_TIMEOUT};
+use super::env::{assert_code, ok_calls, register_all, w, Env};
 
 fn beat(task: tf::CoordinatedTask, incarnation: u64) -> Beat {
     Beat {
@@ -159,12 +159,7 @@ pub async fn a_sidecar_sends_its_tasks_heartbeats_together(replicas: usize) {
         other => panic!("both must be refused: {other:?}"),
     }
     // The leader counts the calls: the eight heartbeats came as fewer than eight.
-    env.cluster
-        .wait_until(LEADER_TIMEOUT, "the batched heartbeats counted", |cl| {
-            ok_calls(cl, "coordination/Heartbeats") >= 1
-        })
-        .await;
-    let batched = ok_calls(&env.cluster, "coordination/Heartbeats");
+    let batched = env.counted_ok("coordination/Heartbeats", 1).await;
     assert!(
         (1..TASKS as u64).contains(&batched),
         "{TASKS} heartbeats sent in {batched} calls"

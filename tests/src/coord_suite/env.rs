@@ -51,6 +51,17 @@ impl Env {
             .await;
     }
 
+    /// Waits (with a deadline) until the replicas count at least `at_least` calls of `method`
+    /// answered OK ([`ok_calls`]), and returns the count.
+    pub async fn counted_ok(&mut self, method: &str, at_least: u64) -> u64 {
+        self.cluster
+            .wait_until(LEADER_TIMEOUT, &format!("{method} calls counted"), |c| {
+                ok_calls(c, method) >= at_least
+            })
+            .await;
+        ok_calls(&self.cluster, method)
+    }
+
     /// Another client with its own connections (a different agent).
     pub fn another_client(&self) -> CoordClient {
         CoordClient::new(ClientOptions::new(self.cluster.endpoints())).expect("client")

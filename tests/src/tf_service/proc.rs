@@ -18,6 +18,9 @@ use crate::venv::Guarded;
 /// Lines of a process's stderr kept for the message of a failure.
 pub(super) const STDERR_TAIL: usize = 30;
 
+/// Lines kept from a Python crash's report on (`faulthandler`: every thread's stack) onwards.
+const CRASH_TAIL: usize = 2_000;
+
 /// Set to pass every line the Python processes write to stderr (TF's logs) on to ours.
 pub const ECHO_STDERR_ENV: &str = "COORD_TEST_TF_STDERR";
 
@@ -87,6 +90,7 @@ impl ScriptProc {
         let errors = logged_errors.clone();
         let name = what.clone();
         std::thread::spawn(move || {
+            let mut crashed = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if echo {
                     eprintln!("[{name}] {line}");
@@ -94,8 +98,9 @@ impl ScriptProc {
                 if is_logged_error(&line) {
                     lock(&errors).push(line.clone());
                 }
+                crashed |= line.starts_with("Fatal Python error");
                 let mut t = lock(&keep);
-                if t.len() == STDERR_TAIL {
+                if t.len() >= if crashed { CRASH_TAIL } else { STDERR_TAIL } {
                     t.pop_front();
                 }
                 t.push_back(line);

@@ -6,6 +6,10 @@
 //!
 //! Each namespace has a dispatcher of its own, so a [`Memory`] of its own ([`Memories::of`]):
 //! client ids, task ids and worker addresses of two namespaces never meet.
+//!
+//! Times are on the replica's clock ([`StallClock`]), as the heartbeat checker measures tasks'
+//! silence: a leader that stalled does not declare its workers lost or release its clients for
+//! the time it was itself not listening.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,11 +19,13 @@ use coord_raft_store::dispatcher::DispatcherState;
 
 use super::remover::TaskRemover;
 use crate::serve::namespace::Ns;
+use crate::serve::stall::StallClock;
 
 /// The leader's memory of every namespace's dispatcher, each made on first use.
 #[derive(Default)]
 pub struct Memories {
     inner: Mutex<Leading>,
+    clock: Arc<StallClock>,
 }
 
 #[derive(Default)]
@@ -34,20 +40,28 @@ impl Memories {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Memories whose times are on `clock`.
+    pub fn on(clock: Arc<StallClock>) -> Memories {
+        Memories {
+            inner: Mutex::default(),
+            clock,
+        }
+    }
+
     /// Namespace `ns`'s memory (made empty, under this leadership, on first use).
     pub fn of(&self, ns: &Ns) -> Arc<Memory> {
         let mut g = self.lock();
         let since = g.since;
         g.spaces
             .entry(ns.clone())
-            .or_insert_with(|| Arc::new(Memory::leading_since(since)))
+            .or_insert_with(|| Arc::new(Memory::leading_since(since, self.clock.clone())))
             .clone()
     }
 
     /// Forgets everything: this replica just became leader.
     pub fn start_leading(&self) {
         *self.lock() = Leading {
-            since: Some(Instant::now()),
+            since: Some(self.clock.now()),
             spaces: HashMap::new(),
         };
     }
@@ -66,6 +80,7 @@ impl Memories {
 #[derive(Default)]
 pub struct Memory {
     inner: Mutex<Inner>,
+    clock: Arc<StallClock>,
 }
 
 #[derive(Default)]
@@ -98,8 +113,9 @@ impl Memory {
     /// A client heartbeat (or a coord client's making), with the round it reads now if it reads
     /// round-robin. Returns the latest round heard from it.
     pub fn client_heard(&self, client: i64, current_round: Option<i64>) -> i64 {
+        let now = self.clock.now();
         let mut g = self.lock();
-        g.clients.insert(client, Some(Instant::now()));
+        g.clients.insert(client, Some(now));
         let r = g.rounds.entry(client).or_insert(0);
         if let Some(c) = current_round {
             *r = (*r).max(c);
@@ -115,17 +131,17 @@ impl Memory {
     }
 
     pub fn worker_heard(&self, address: &str) {
-        self.lock()
-            .workers
-            .insert(address.to_string(), Instant::now());
+        let now = self.clock.now();
+        self.lock().workers.insert(address.to_string(), now);
     }
 
     /// Milliseconds since this leader last heard from the worker.
     pub fn worker_silence_ms(&self, address: &str) -> Option<u64> {
-        self.lock()
-            .workers
-            .get(address)
-            .map(|at| u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX))
+        let now = self.clock.now();
+        self.lock().workers.get(address).map(|at| {
+            let silence = now.saturating_duration_since(*at);
+            u64::try_from(silence.as_millis()).unwrap_or(u64::MAX)
+        })
     }
 
     /// The latest round read by the clients of each iteration: where a task added to a
@@ -151,21 +167,22 @@ impl Memory {
             .clone()
     }
 
-    /// An empty memory of a leadership that began at `since` (`None`: not leading, so nothing
-    /// times out).
-    fn leading_since(since: Option<Instant>) -> Memory {
+    /// An empty memory of a leadership that began at `since` on `clock` (`None`: not leading, so
+    /// nothing times out).
+    fn leading_since(since: Option<Instant>, clock: Arc<StallClock>) -> Memory {
         Memory {
             inner: Mutex::new(Inner {
                 since,
                 ..Inner::default()
             }),
+            clock,
         }
     }
 
     /// Of `present` workers (address, registration, its timeout), those silent past their
     /// timeout, each returned once.
     pub fn overdue_workers(&self, present: &[(String, u64, Duration)]) -> Vec<(String, u64)> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut g = self.lock();
         let Some(since) = g.since else {
             return Vec::new();
@@ -187,7 +204,7 @@ impl Memory {
 
     /// Of `active` clients, those silent past `timeout`, each returned once.
     pub fn overdue_clients(&self, active: &[i64], timeout: Duration) -> Vec<i64> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut g = self.lock();
         let Some(since) = g.since else {
             return Vec::new();
@@ -221,7 +238,7 @@ mod tests {
                 .is_empty(),
             "not leading"
         );
-        let m = Memory::leading_since(Some(Instant::now()));
+        let m = Memory::leading_since(Some(Instant::now()), Arc::default());
         m.client_acquired(2);
         assert!(m
             .overdue_clients(&[1, 2], Duration::from_secs(60))
@@ -247,7 +264,7 @@ mod tests {
             Memory::default().overdue_workers(&at(3, 0)).is_empty(),
             "not leading"
         );
-        let m = Memory::leading_since(Some(Instant::now()));
+        let m = Memory::leading_since(Some(Instant::now()), Arc::default());
         assert!(m.overdue_workers(&at(3, 60_000)).is_empty());
         std::thread::sleep(Duration::from_millis(3));
         assert_eq!(m.overdue_workers(&at(3, 1)), vec![("w:1".to_string(), 3)]);
@@ -257,6 +274,30 @@ mod tests {
         assert!(m.overdue_workers(&at(4, 60_000)).is_empty());
         std::thread::sleep(Duration::from_millis(3));
         assert_eq!(m.overdue_workers(&at(4, 1)), vec![("w:1".to_string(), 4)]);
+    }
+
+    #[test]
+    fn the_leaders_own_stall_is_no_workers_or_clients_silence() {
+        let clock = Arc::new(StallClock::default());
+        let all = Memories::on(clock.clone());
+        all.start_leading();
+        let m = all.of(&None);
+        let t = Instant::now();
+        m.worker_heard("w:1");
+        m.client_heard(5, None);
+        let timeout = Duration::from_millis(200);
+        let workers = vec![("w:1".to_string(), 1, timeout)];
+        std::thread::sleep(Duration::from_millis(300));
+        // The replica was stalled all that time: its heartbeat checker woke that late.
+        clock.woke_late(t.elapsed() + crate::serve::stall::STALL_SLACK);
+        assert!(
+            m.overdue_workers(&workers).is_empty(),
+            "a stall, no silence"
+        );
+        assert!(m.overdue_clients(&[5], timeout).is_empty());
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(m.overdue_workers(&workers), vec![("w:1".to_string(), 1)]);
+        assert_eq!(m.overdue_clients(&[5], timeout), vec![5]);
     }
 
     #[test]
