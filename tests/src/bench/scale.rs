@@ -299,4 +299,16 @@ fn print(runs: &[Measured], no_gzip: bool) {
     row("elections in the run (the kill's only)", "1", &|m| {
         m.elections.to_string()
     });
+    row(
+        "the generator's own lateness: latest heartbeat sent after its time (sent over 1 s late)",
+        "",
+        &|m| {
+            let r = &m.report;
+            format!(
+                "{} ms ({})",
+                r.heartbeat_send_late.as_millis(),
+                r.heartbeats_sent_late
+            )
+        },
+    );
 }

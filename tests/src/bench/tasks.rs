@@ -57,6 +57,10 @@ pub struct TasksReport {
     pub kill_stall: Duration,
     /// Heartbeats that failed after the kill (a task declared dead fails every later one).
     pub heartbeat_errors_after_kill: u64,
+    /// The load generator's own lateness: the latest any heartbeat was sent after its time, and
+    /// how many went over a second late (time a task was silent that the ensemble never saw).
+    pub heartbeat_send_late: Duration,
+    pub heartbeats_sent_late: u64,
 }
 
 impl TasksReport {
@@ -321,6 +325,8 @@ pub async fn run(
     let heartbeats_sent = Arc::new(AtomicU64::new(0));
     // The longest gap between two answered heartbeats of any task, in ms, since the last reset.
     let longest_gap = Arc::new(AtomicU64::new(0));
+    // The generator's lateness: the latest send after its tick's time, in ms, and sends over 1 s.
+    let (send_late, sent_late) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let heartbeat = |i: usize| {
         let (c, sidecar, stop, errors, sent, gap) = (
             client(i),
@@ -330,12 +336,17 @@ pub async fn run(
             heartbeats_sent.clone(),
             longest_gap.clone(),
         );
+        let (send_late, sent_late) = (send_late.clone(), sent_late.clone());
         Spawned::new(async move {
             let first = tokio::time::Instant::now() + heartbeat_every.mul_f64(phase_of(i));
             let mut tick = tokio::time::interval_at(first, heartbeat_every);
             let mut answered = Instant::now();
             while !stop.load(Ordering::Relaxed) {
-                tick.tick().await;
+                let late = tick.tick().await.elapsed();
+                send_late.fetch_max(late.as_millis() as u64, Ordering::Relaxed);
+                if late > Duration::from_secs(1) {
+                    sent_late.fetch_add(1, Ordering::Relaxed);
+                }
                 sent.fetch_add(1, Ordering::Relaxed);
                 let req = tf::HeartbeatRequest {
                     incarnation: i as u64 + 1,
@@ -531,6 +542,9 @@ pub async fn run(
         Duration::from_millis(longest_gap.load(Ordering::Relaxed)).saturating_sub(heartbeat_every);
     let heartbeat_errors_after_kill = heartbeat_errors.load(Ordering::Relaxed) - errors_before_kill;
     eprintln!("leader killed: longest heartbeat stall {kill_stall:?}, {heartbeat_errors_after_kill} failed heartbeats");
+    let heartbeat_send_late = Duration::from_millis(send_late.load(Ordering::Relaxed));
+    let heartbeats_sent_late = sent_late.load(Ordering::Relaxed);
+    eprintln!("the generator sent heartbeats up to {heartbeat_send_late:?} late, {heartbeats_sent_late} over 1 s");
     stop.store(true, Ordering::Relaxed);
     drop(beats);
     Ok(TasksReport {
@@ -553,5 +567,7 @@ pub async fn run(
         heartbeat_errors: errors_before_kill,
         kill_stall,
         heartbeat_errors_after_kill,
+        heartbeat_send_late,
+        heartbeats_sent_late,
     })
 }
