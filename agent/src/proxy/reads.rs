@@ -19,7 +19,6 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
@@ -36,16 +35,9 @@ type Read = (&'static str, Vec<u8>);
 pub struct SharedReads {
     /// Each read with a call on its way: the tasks that came since, for the next call.
     next: Mutex<HashMap<Read, Vec<oneshot::Sender<Shared>>>>,
-    /// Calls sent to the ensemble.
-    calls: AtomicU64,
 }
 
 impl SharedReads {
-    /// Calls sent to the ensemble so far.
-    pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
-    }
-
     /// `req` of `method` as `send(req)` answers it, with one call for every task that sends the
     /// same read meanwhile (see the module doc).
     pub async fn read<Req, Resp, F, Fut>(
@@ -116,7 +108,6 @@ impl SharedReads {
                 }
                 std::mem::take(waiting)
             };
-            self.calls.fetch_add(1, Ordering::Relaxed);
             let call = send(req.clone());
             let all_gave_up = futures::future::join_all(waiting.iter_mut().map(|tx| tx.closed()));
             let answer: Shared = tokio::select! {
@@ -134,6 +125,7 @@ impl SharedReads {
 mod tests {
     use super::*;
     use coord_proto::tensorflow::GetKeyValueRequest;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use tokio::sync::Semaphore;
 
     fn get(key: &str) -> GetKeyValueRequest {
@@ -207,7 +199,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(
-            reads.calls(),
+            fake.calls.load(Ordering::SeqCst),
             2,
             "the later alike reads wait for the next call"
         );
@@ -223,7 +215,7 @@ mod tests {
         for l in later {
             assert_eq!(l.await.expect("join").expect("read"), "a#3");
         }
-        assert_eq!(reads.calls(), 3);
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 3);
         assert!(reads.lock().is_empty(), "nothing left on its way");
     }
 
