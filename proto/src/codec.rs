@@ -3,10 +3,13 @@
 //! tonic starts each call's encode and decode buffers at 8 KiB. A coordinator holds thousands of
 //! calls at once (every task's barrier wait, error poll, heartbeat), and messages are mostly tens of
 //! bytes, so buffers start at 256 bytes and grow when a message needs more.
+//!
+//! [`UndecodedCodec`] is for a caller that only passes an answer on: it keeps the answer's bytes.
 
 use std::marker::PhantomData;
 
-use tonic::codec::{BufferSettings, Codec};
+use bytes::{Buf, Bytes};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstCodec;
 
 const INITIAL_BUFFER: usize = 256;
@@ -38,5 +41,48 @@ where
 
     fn decoder(&mut self) -> Self::Decoder {
         ProstCodec::<T, U>::raw_decoder(BufferSettings::new(INITIAL_BUFFER, YIELD_THRESHOLD))
+    }
+}
+
+/// Requests encoded as [`SmallBufferCodec`] encodes them; answers left as their message bytes,
+/// undecoded. A proxy that hands one large answer (a whole job's devices) to several tasks keeps
+/// it so, in one shared buffer, instead of decoding it into a tree it copies for each of them.
+#[derive(Debug, Clone, Copy)]
+pub struct UndecodedCodec<T>(PhantomData<T>);
+
+impl<T> Default for UndecodedCodec<T> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T> Codec for UndecodedCodec<T>
+where
+    T: prost::Message + Send + 'static,
+{
+    type Encode = T;
+    type Decode = Bytes;
+    type Encoder = <ProstCodec<T, ()> as Codec>::Encoder;
+    type Decoder = Undecoded;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<T, ()>::raw_encoder(BufferSettings::new(INITIAL_BUFFER, YIELD_THRESHOLD))
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        Undecoded
+    }
+}
+
+/// An answer's message bytes, as they came (decompressed if they came compressed).
+#[derive(Debug, Clone, Copy)]
+pub struct Undecoded;
+
+impl Decoder for Undecoded {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
     }
 }

@@ -26,7 +26,8 @@ pub use env::{assert_code, task, w, Env, LEADER_TIMEOUT};
 
 pub use arrivals::{
     a_sidecar_fetches_the_jobs_devices_once, a_sidecar_records_its_tasks_barrier_arrivals_together,
-    barrier_arrivals_recorded_together, wait_for_all_arrivals_recorded_together,
+    a_sidecars_tasks_share_one_answer, barrier_arrivals_recorded_together,
+    wait_for_all_arrivals_recorded_together,
 };
 pub use barriers::{barrier_failures, barriers_pass_and_are_reused};
 pub use beats::{a_sidecar_sends_its_tasks_heartbeats_together, heartbeats_sent_together};
@@ -90,6 +91,10 @@ macro_rules! coordination_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_sidecar_fetches_the_jobs_devices_once() {
             suite::a_sidecar_fetches_the_jobs_devices_once($replicas).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_sidecars_tasks_share_one_answer() {
+            suite::a_sidecars_tasks_share_one_answer($replicas).await
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_sidecar_reads_alike_keys_once() {

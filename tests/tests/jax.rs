@@ -4,7 +4,8 @@
 //! (0.12.0.1, CPython 3.12 or later).
 //!
 //! - The same script of every client operation runs against jaxlib's own service and against a
-//!   3-replica ensemble: the outputs must be identical, error codes included.
+//!   3-replica ensemble, straight to a follower and through a coord-proxy sidecar (which records
+//!   the tasks' barrier arrivals together): the outputs must be identical, error codes included.
 //! - Four JAX processes behind coord-proxy sidecars live through two leader kills, one while
 //!   they wait at a barrier and at a blocking get, without an error.
 //! - `jax.distributed.initialize` through sidecars, with and without TLS to the ensemble; and
@@ -105,7 +106,7 @@ async fn jaxlib_gets_the_answers_of_its_own_service(release: JaxRelease) {
         return;
     };
     let (theirs, ours) = both_services(&jax, &[], &["--heartbeat-timeout-ms", "3000"]).await;
-    let (t, o) = (parse(&theirs), parse(&ours));
+    let t = parse(&theirs);
     // The script is what it claims to be: every task ran every step, and the reference answered
     // as the wire reference describes.
     assert_eq!(t.len(), 3 * 20, "{theirs}");
@@ -120,6 +121,32 @@ async fn jaxlib_gets_the_answers_of_its_own_service(release: JaxRelease) {
         "INVALID_ARGUMENT"
     );
     assert_eq!(entry(&t, 0, "counter_after_barrier")["ok"], "3");
+    same_lines(&theirs, &ours);
+
+    // Through a sidecar, which records the tasks' barrier arrivals together and waits on each
+    // instance once for all of them: the same answers, and no task's Barrier call went on its own.
+    let mut cluster = ensemble(3, &["--heartbeat-timeout-ms", "3000"]);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let sidecar = Sidecar::start(&cluster.endpoints());
+    let (code, proxied) = jax.run(
+        "xla_conformance.py",
+        &[sidecar.addr.clone(), "3".into()],
+        Duration::from_secs(300),
+    );
+    assert_eq!(code, Some(0), "through a sidecar:\n{proxied}");
+    same_lines(&theirs, &proxied);
+    let recorded = ok_calls(&cluster, "coordination/XlaBarrierArrivals");
+    assert!(recorded > 0, "no barrier arrivals recorded together");
+    assert_eq!(
+        ok_calls(&cluster, "xla/Barrier"),
+        0,
+        "a task's own Barrier call"
+    );
+}
+
+/// Asserts that the two runs' outputs are the same, line by line.
+fn same_lines(theirs: &str, ours: &str) {
+    let (t, o) = (parse(theirs), parse(ours));
     for (i, (a, b)) in t.iter().zip(&o).enumerate() {
         assert_eq!(
             a, b,
@@ -298,18 +325,32 @@ async fn jax_over_tls_with_a_certificate_per_task(release: JaxRelease) {
     }
     let denied =
         "coord_rpc_duration_seconds_count{method=\"xla/RegisterTask\",code=\"PERMISSION_DENIED\"}";
-    let refusals: u64 = cluster
+    let refusals = counted(&cluster, denied);
+    assert!(refusals >= N, "{refusals} refused registrations counted");
+}
+
+/// Sample `sample` (its name and labels, as `/metrics` prints them), summed over the replicas.
+fn counted(cluster: &Cluster, sample: &str) -> u64 {
+    let prefix = format!("{sample} ");
+    cluster
         .ids()
         .into_iter()
         .filter_map(|id| coord_tests::http::get(cluster.replica(id).http, "/metrics").ok())
         .flat_map(|(_, body)| {
             body.lines()
-                .filter_map(|l| l.strip_prefix(denied))
+                .filter_map(|l| l.strip_prefix(prefix.as_str()))
                 .filter_map(|v| v.trim().parse::<u64>().ok())
                 .collect::<Vec<_>>()
         })
-        .sum();
-    assert!(refusals >= N, "{refusals} refused registrations counted");
+        .sum()
+}
+
+/// OK calls of `method` the replicas counted.
+fn ok_calls(cluster: &Cluster, method: &str) -> u64 {
+    counted(
+        cluster,
+        &format!("coord_rpc_duration_seconds_count{{method=\"{method}\",code=\"OK\"}}"),
+    )
 }
 
 /// Two JAX jobs at once, each through sidecars of its own namespace, with the same job, task ids,

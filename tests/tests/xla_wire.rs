@@ -330,3 +330,79 @@ async fn get_alive_tasks_answers_through_follower_and_leader() {
     }
     drop(env.cluster);
 }
+
+/// jaxlib's Barrier arrivals recorded together (`coordination/XlaBarrierArrivals`, what a
+/// coord-proxy sidecar sends): each answered as the task's own Barrier call is, code, message and
+/// payloads alike; pending ones until their instance passes; at most 65,536 in one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barrier_arrivals_are_answered_as_the_tasks_own_calls() {
+    let env = env().await;
+    let service = register_both(&env).await;
+    let c = coord_agent::CoordClient::new(coord_agent::ClientOptions::new(env.cluster.endpoints()))
+        .expect("client");
+    let arrival = |task: i32, id: &str, task_ids: Vec<i32>, service: u64| xla::BarrierRequest {
+        incarnations: incarnations(task, service),
+        barrier_id: id.into(),
+        barrier_timeout_in_ms: 20_000,
+        task_ids,
+        source_task_id: task,
+        counter: 0,
+    };
+    // Wrong arrivals beside a good one (at a barrier of the XLA job's two tasks; the ensemble has
+    // another job): a stale incarnation, a task not of the job, a participant not of the job, no
+    // barrier id.
+    let wrong = vec![
+        arrival(0, "w1", vec![], service ^ 1),
+        arrival(7, "w2", vec![], service),
+        arrival(0, "w3", vec![0, 9], service),
+        arrival(1, "", vec![], service),
+    ];
+    let mut sent = wrong.clone();
+    sent.push(arrival(0, "step", vec![0, 1], service));
+    let answers = c.xla_barrier_arrivals(sent).await.expect("arrivals");
+    assert_eq!(answers.len(), wrong.len() + 1, "one answer per arrival");
+    let pending = answers.last().expect("the good one");
+    assert!(pending.pending && pending.counter == 0, "{pending:?}");
+    for (i, (a, req)) in answers.iter().zip(wrong).enumerate() {
+        assert!(!a.pending && a.error_code != 0, "arrival {i}: {a:?}");
+        let own = env.clients[0]
+            .clone()
+            .barrier(req)
+            .await
+            .expect_err("the task's own call fails");
+        assert_eq!(
+            a.error_code,
+            own.code() as i32,
+            "arrival {i}: {a:?} / {own:?}"
+        );
+        assert_eq!(a.error_message, own.message(), "arrival {i}");
+        assert_eq!(
+            payloads(&Status::with_details(
+                own.code(),
+                "",
+                a.error_details.clone()
+            )),
+            payloads(&own),
+            "arrival {i}: the payloads of the task's own call"
+        );
+    }
+    // The last task arrives: the instance passes, for the waiter too.
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move { c.await_barrier("step", 0).await })
+    };
+    let last = c
+        .xla_barrier_arrivals(vec![arrival(1, "step", vec![0, 1], service)])
+        .await
+        .expect("last");
+    assert!(!last[0].pending && last[0].error_code == 0, "{last:?}");
+    let passed = waiting.await.expect("join").expect("await");
+    assert!(!passed.pending && passed.error_code == 0, "{passed:?}");
+
+    let err = c
+        .xla_barrier_arrivals(vec![arrival(0, "x", vec![], service); 65_537])
+        .await
+        .expect_err("over the limit");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("65536"), "{err:?}");
+}

@@ -66,10 +66,10 @@ struct Cli {
     /// heartbeat on its own, at once.
     #[arg(long, default_value_t = coord_agent::proxy::beats::DEFAULT_WINDOW.as_millis() as u64)]
     heartbeat_batch_ms: u64,
-    /// Send each TensorFlow task's Barrier and WaitForAllTasks call to the ensemble on its own,
-    /// parked there until the barrier passes, instead of recording the tasks' arrivals together
-    /// and waiting on each barrier instance (and fetching the job's devices) with one call for all
-    /// of them (the default).
+    /// Send each task's Barrier (TensorFlow's and jaxlib's) and WaitForAllTasks call to the
+    /// ensemble on its own, parked there until the barrier passes, instead of recording the
+    /// tasks' arrivals together and waiting on each barrier instance (and fetching the job's
+    /// devices) with one call for all of them (the default).
     #[arg(long)]
     barriers_one_by_one: bool,
     /// Also serve torch's TCPStore protocol here (HOST:PORT), over the ensemble: point torchrun's
@@ -202,7 +202,8 @@ async fn run(cli: Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let service = CoordinationServiceServer::new(XlaProxy::new(client.clone()))
+    let xla = XlaProxy::new(client.clone()).with_barriers_together(!cli.barriers_one_by_one);
+    let service = CoordinationServiceServer::new(xla)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
         .accept_compressed(CompressionEncoding::Gzip);

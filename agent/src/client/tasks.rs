@@ -10,7 +10,7 @@ use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
     AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, Beat, BeatAnswer,
     GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest, PollForErrorRequest,
-    PollForErrorResponse, WaitForAllTasksArrivalsRequest,
+    PollForErrorResponse, WaitForAllTasksArrivalsRequest, XlaBarrierArrivalsRequest,
 };
 use coord_proto::tensorflow as tf;
 use tonic::Status;
@@ -78,6 +78,21 @@ impl CoordClient {
         let resp = self
             .mutate(req, |ch, r| async move {
                 CoordinationClient::new(ch).barrier_arrivals(r).await
+            })
+            .await?;
+        Ok(resp.answers)
+    }
+
+    /// Several of jaxlib's Barrier arrivals in one call, recorded without waiting, answered as
+    /// [`Self::barrier_arrivals`] answers TensorFlow's.
+    pub async fn xla_barrier_arrivals(
+        &self,
+        arrivals: Vec<coord_proto::xla::coordination::BarrierRequest>,
+    ) -> Result<Vec<BarrierAnswer>, Status> {
+        let req = XlaBarrierArrivalsRequest { arrivals };
+        let resp = self
+            .mutate(req, |ch, r| async move {
+                CoordinationClient::new(ch).xla_barrier_arrivals(r).await
             })
             .await?;
         Ok(resp.answers)

@@ -1,14 +1,19 @@
-//! The two kinds of TensorFlow call whose arrivals coord-proxy records together (see
-//! [`super::arrivals`]): Barrier, waited on per instance with `AwaitBarrier`; and WaitForAllTasks,
-//! the service's own barrier, whose answer (the whole job's devices) is fetched once per form of
-//! answer with one task's own call and handed to every task that asked in that form.
+//! The kinds of call whose arrivals coord-proxy records together (see [`super::arrivals`]):
+//! TensorFlow's and jaxlib's Barrier, waited on per instance with `AwaitBarrier`; and TensorFlow's
+//! WaitForAllTasks, the service's own barrier, whose answer (the whole job's devices) is fetched
+//! once per form of answer with one task's own call and handed, as the bytes that came, to every
+//! task that asked in that form.
 
+use coord_proto::codec::UndecodedCodec;
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
     AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, WaitForAllTasksArrivalsRequest,
+    XlaBarrierArrivalsRequest,
 };
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
+use coord_proto::xla::coordination as xla;
+use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient as XlaServiceClient;
 use tonic::Status;
 
 use super::arrivals::{Boxed, Gathered, Gatherer};
@@ -27,6 +32,36 @@ fn answered(a: BarrierAnswer) -> Result<i64, Status> {
         return Ok(a.counter);
     }
     Err(final_status(a.error_code, a.error_message, a.error_details))
+}
+
+/// A barrier arrival's counter if its instance is decided (or its error), else the instance it
+/// is pending at.
+fn decided_counter(
+    barrier_id: &str,
+    answer: BarrierAnswer,
+) -> Result<Result<i64, Status>, (String, i64)> {
+    if answer.pending {
+        return Err((barrier_id.to_string(), answer.counter));
+    }
+    Ok(answered(answer))
+}
+
+/// Waits on a barrier instance (`AwaitBarrier`): the counter or error every task pending there
+/// is answered with. TensorFlow's and jaxlib's barriers are the same barriers on the ensemble.
+async fn await_instance(
+    client: CoordClient,
+    (barrier_id, counter): (String, i64),
+) -> Result<i64, Status> {
+    let req = AwaitBarrierRequest {
+        barrier_id,
+        counter,
+    };
+    let answer = client
+        .forward(req, false, true, |ch, r| async move {
+            CoordinationClient::new(ch).await_barrier(r).await
+        })
+        .await?;
+    answered(answer)
 }
 
 impl Gathered for Barriers {
@@ -54,28 +89,18 @@ impl Gathered for Barriers {
         arrival: &tf::BarrierRequest,
         answer: BarrierAnswer,
     ) -> Result<Result<tf::BarrierResponse, Status>, (String, i64)> {
-        if answer.pending {
-            return Err((arrival.barrier_id.clone(), answer.counter));
-        }
-        Ok(answered(answer).map(|counter| tf::BarrierResponse { counter }))
+        decided_counter(&arrival.barrier_id, answer)
+            .map(|decided| decided.map(|counter| tf::BarrierResponse { counter }))
     }
 
     fn wait(
         client: CoordClient,
-        (barrier_id, counter): (String, i64),
+        instance: (String, i64),
         _: tf::BarrierRequest,
     ) -> Boxed<Result<tf::BarrierResponse, Status>> {
         Box::pin(async move {
-            let req = AwaitBarrierRequest {
-                barrier_id,
-                counter,
-            };
-            let answer = client
-                .forward(req, false, true, |ch, r| async move {
-                    CoordinationClient::new(ch).await_barrier(r).await
-                })
-                .await?;
-            answered(answer).map(|counter| tf::BarrierResponse { counter })
+            let counter = await_instance(client, instance).await?;
+            Ok(tf::BarrierResponse { counter })
         })
     }
 
@@ -87,6 +112,67 @@ impl Gathered for Barriers {
             client
                 .forward(arrival, true, true, |ch, r| async move {
                     CoordinationServiceClient::new(ch).barrier(r).await
+                })
+                .await
+        })
+    }
+}
+
+/// jaxlib's Barrier calls, recorded together (`coordination/XlaBarrierArrivals`) and waited on as
+/// TensorFlow's are.
+pub struct XlaBarriers;
+
+/// jaxlib Barrier arrivals a proxy records together.
+pub type XlaBarrierBatches = Gatherer<XlaBarriers>;
+
+impl Gathered for XlaBarriers {
+    type Req = xla::BarrierRequest;
+    type Answer = xla::BarrierResponse;
+    /// The instance: barrier id and counter.
+    type Key = (String, i64);
+
+    fn record(
+        client: CoordClient,
+        arrivals: Vec<xla::BarrierRequest>,
+    ) -> Boxed<Result<Vec<BarrierAnswer>, Status>> {
+        Box::pin(async move {
+            let req = XlaBarrierArrivalsRequest { arrivals };
+            let resp = client
+                .forward(req, true, false, |ch, r| async move {
+                    CoordinationClient::new(ch).xla_barrier_arrivals(r).await
+                })
+                .await?;
+            Ok(resp.answers)
+        })
+    }
+
+    fn decided(
+        arrival: &xla::BarrierRequest,
+        answer: BarrierAnswer,
+    ) -> Result<Result<xla::BarrierResponse, Status>, (String, i64)> {
+        decided_counter(&arrival.barrier_id, answer)
+            .map(|decided| decided.map(|counter| xla::BarrierResponse { counter }))
+    }
+
+    fn wait(
+        client: CoordClient,
+        instance: (String, i64),
+        _: xla::BarrierRequest,
+    ) -> Boxed<Result<xla::BarrierResponse, Status>> {
+        Box::pin(async move {
+            let counter = await_instance(client, instance).await?;
+            Ok(xla::BarrierResponse { counter })
+        })
+    }
+
+    fn alone(
+        client: CoordClient,
+        arrival: xla::BarrierRequest,
+    ) -> Boxed<Result<xla::BarrierResponse, Status>> {
+        Box::pin(async move {
+            client
+                .forward(arrival, true, true, |ch, r| async move {
+                    XlaServiceClient::new(ch).barrier(r).await
                 })
                 .await
         })
@@ -167,15 +253,32 @@ impl Gathered for WaitsForAll {
         arrival: tf::WaitForAllTasksRequest,
     ) -> Boxed<Result<tf::WaitForAllTasksResponse, Status>> {
         Box::pin(async move {
-            client
-                .forward(arrival, true, true, |ch, r| async move {
-                    CoordinationServiceClient::new(ch)
-                        .max_decoding_message_size(super::MESSAGE_LIMIT)
-                        .max_encoding_message_size(super::MESSAGE_LIMIT)
-                        .wait_for_all_tasks(r)
-                        .await
-                })
-                .await
+            let encoded = client.forward(arrival, true, true, fetch_undecoded).await?;
+            Ok(tf::WaitForAllTasksResponse {
+                encoded,
+                ..Default::default()
+            })
         })
     }
+}
+
+/// WaitForAllTasks on `ch`, gzip accepted (the replicas compress the job's devices once), the
+/// answer's bytes kept undecoded: every task the proxy hands it to gets the same buffer, written
+/// out verbatim (see `coord_proto::wait_answer`), where a decoded answer is a tree of the whole
+/// job's devices copied for each of them.
+async fn fetch_undecoded(
+    ch: crate::client::Channel,
+    req: tonic::Request<tf::WaitForAllTasksRequest>,
+) -> Result<tonic::Response<bytes::Bytes>, Status> {
+    let mut grpc = tonic::client::Grpc::new(ch)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .max_decoding_message_size(super::MESSAGE_LIMIT)
+        .max_encoding_message_size(super::MESSAGE_LIMIT);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("the connection is not ready: {e}")))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/tensorflow.CoordinationService/WaitForAllTasks",
+    );
+    grpc.unary(req, path, UndecodedCodec::default()).await
 }

@@ -2,6 +2,7 @@
 
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
 
+use super::barriers::XlaBarrierBatches;
 use super::{proxy_service, Call, MESSAGE_LIMIT};
 use crate::client::Channel;
 
@@ -26,9 +27,33 @@ proxy_service! {
     increment_key_value(IncrementKeyValueRequest) -> IncrementKeyValueResponse: Call::Write;
     get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::SharedRead;
     delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse: Call::Write;
-    barrier(BarrierRequest) -> BarrierResponse: Call::WaitingWrite;
     cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
     get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;
     poll_for_error(PollForErrorRequest) -> PollForErrorResponse: Call::WaitingRead;
     report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse: Call::Write;
+    @fields {
+        barriers: XlaBarrierBatches = XlaBarrierBatches::new(true),
+    }
+    @custom {
+        /// Recorded with the other tasks' arrivals, and answered with them from one wait on the
+        /// instance (see [`super::barriers`]).
+        async fn barrier(
+            &self,
+            req: tonic::Request<pb::BarrierRequest>,
+        ) -> Result<tonic::Response<pb::BarrierResponse>, tonic::Status> {
+            self.barriers
+                .send(&self.client, req.into_inner())
+                .await
+                .map(tonic::Response::new)
+        }
+    }
+}
+
+impl XlaProxy {
+    /// Each task's Barrier call sent on its own (false), or arrivals recorded together (true, the
+    /// default).
+    pub fn with_barriers_together(mut self, together: bool) -> Self {
+        self.barriers = XlaBarrierBatches::new(together);
+        self
+    }
 }

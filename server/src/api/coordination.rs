@@ -17,12 +17,14 @@ use coord_proto::coord::coordination as pb;
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
 use coord_proto::tensorflow as tf;
-use coord_raft_store::state::Outcome;
+use coord_proto::xla::coordination as xla;
+use coord_raft_store::state::{Outcome, TaskName};
 use tonic::{Request, Response, Status};
 
 use crate::api::payloads::{barrier_error, detailed_with};
 use crate::api::tf::{devices_of, heartbeat_answer};
 use crate::api::wire::{error_payload, state_to, task_from, task_to, tasks_from};
+use crate::api::xla::XlaService;
 use crate::error::{grpc_code, CoordError};
 use crate::serve::coordination::CoordCore;
 use crate::serve::route::{Kind, Router};
@@ -30,15 +32,31 @@ use crate::serve::route::{Kind, Router};
 pub struct CoordService {
     router: Arc<Router>,
     core: Arc<CoordCore>,
+    /// jaxlib's service: how its requests name tasks and are checked (for its arrivals).
+    xla: Arc<XlaService>,
 }
 
 impl CoordService {
-    pub fn new(router: Arc<Router>, core: Arc<CoordCore>) -> Self {
-        Self { router, core }
+    pub fn new(router: Arc<Router>, core: Arc<CoordCore>, xla: Arc<XlaService>) -> Self {
+        Self { router, core, xla }
     }
 
-    /// Admits a call carrying several tasks' `items`: at most `what.limit` of them (more is
-    /// RESOURCE_EXHAUSTED naming the limit), each naming a task the caller may act as.
+    /// Admits a call carrying `n` of `what`: at most `what.limit` (more is RESOURCE_EXHAUSTED
+    /// naming the limit).
+    fn admit_count(&self, method: &'static str, what: Items, n: usize) -> Result<(), Status> {
+        let Items { name, limit, .. } = what;
+        if n > limit {
+            let over = Status::resource_exhausted(format!(
+                "{method}: {n} {name} in one call, over the limit of {limit}; send them in \
+                 several calls"
+            ));
+            self.router.checked(method, Err(over))?;
+        }
+        Ok(())
+    }
+
+    /// Admits a call carrying several tasks' `items`: at most `what.limit` of them, each naming a
+    /// task the caller may act as.
     fn admit<T, I>(
         &self,
         req: &Request<T>,
@@ -47,15 +65,8 @@ impl CoordService {
         items: &[I],
         task_of: impl Fn(&I) -> Option<&tf::CoordinatedTask>,
     ) -> Result<(), Status> {
-        let Items { name, task, limit } = what;
-        if items.len() > limit {
-            let over = Status::resource_exhausted(format!(
-                "{method}: {} {name} in one call, over the limit of {limit}; send them in several \
-                 calls",
-                items.len()
-            ));
-            self.router.checked(method, Err(over))?;
-        }
+        self.admit_count(method, what, items.len())?;
+        let Items { name, task, .. } = what;
         for (i, item) in items.iter().enumerate() {
             let field = format!("{name}[{i}].{task}");
             self.router.check_task(req, method, &field, task_of(item))?;
@@ -85,6 +96,9 @@ const BEATS: Items = Items::new("beats", "task", MAX_BEATS);
 /// The arrivals of [`Coordination::barrier_arrivals`] and
 /// [`Coordination::wait_for_all_tasks_arrivals`].
 const ARRIVALS: Items = Items::new("arrivals", "source_task", MAX_ARRIVALS);
+
+/// The arrivals of [`Coordination::xla_barrier_arrivals`], which name tasks by XLA's ids.
+const XLA_ARRIVALS: Items = Items::new("arrivals", "source_task_id", MAX_ARRIVALS);
 
 /// Most heartbeats one call may carry: a sidecar carries the tasks of one host, and a call this
 /// large still answers in a few milliseconds.
@@ -193,15 +207,62 @@ async fn arrival_answer(
 ) -> Result<pb::BarrierAnswer, CoordError> {
     let named = task_from(a.source_task.as_ref(), "source_task")
         .and_then(|s| Ok((s, tasks_from(&a.tasks, "tasks")?)));
+    recorded_answer(
+        core,
+        a.barrier_id,
+        a.counter,
+        a.barrier_timeout_in_ms,
+        named,
+    )
+    .await
+}
+
+/// Records one of jaxlib's Barrier arrivals as the task's own call would (see
+/// [`XlaService::barrier_named`]); its answer.
+async fn xla_arrival_answer(
+    core: &CoordCore,
+    xla: &XlaService,
+    a: xla::BarrierRequest,
+) -> Result<pb::BarrierAnswer, CoordError> {
+    let named = xla.barrier_named(&a);
+    recorded_answer(
+        core,
+        a.barrier_id,
+        a.counter,
+        a.barrier_timeout_in_ms,
+        named,
+    )
+    .await
+}
+
+/// Records a barrier arrival of the task and participants `named` (or the error naming them
+/// ended with); its answer.
+async fn recorded_answer(
+    core: &CoordCore,
+    barrier_id: String,
+    counter: i64,
+    timeout_ms: i64,
+    named: Result<(TaskName, Vec<TaskName>), CoordError>,
+) -> Result<pb::BarrierAnswer, CoordError> {
     let recorded = core
-        .barrier_arrival(
-            a.barrier_id.clone(),
-            a.counter,
-            a.barrier_timeout_in_ms,
-            named,
-        )
+        .barrier_arrival(barrier_id.clone(), counter, timeout_ms, named)
         .await;
-    barrier_answer(recorded, &a.barrier_id, a.counter)
+    barrier_answer(recorded, &barrier_id, counter)
+}
+
+/// Every arrival's answer, in order, the arrivals recorded at once (the proposer puts them in few
+/// log entries); an error the whole call must end with ends it.
+async fn all_answered<F>(
+    recorded: impl Iterator<Item = F>,
+) -> Result<pb::BarrierArrivalsResponse, CoordError>
+where
+    F: std::future::Future<Output = Result<pb::BarrierAnswer, CoordError>>,
+{
+    let answers = futures::future::join_all(recorded)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    Ok(pb::BarrierArrivalsResponse { answers })
 }
 
 fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
@@ -290,16 +351,7 @@ impl Coordination for CoordService {
                 METHOD,
                 Kind::Write,
                 req,
-                |m, _| async move {
-                    // Proposed together: the proposer puts them in few log entries.
-                    let answers = futures::future::join_all(
-                        m.arrivals.into_iter().map(|a| arrival_answer(core, a)),
-                    )
-                    .await
-                    .into_iter()
-                    .collect::<Result<_, _>>()?;
-                    Ok(pb::BarrierArrivalsResponse { answers })
-                },
+                |m, _| all_answered(m.arrivals.into_iter().map(|a| arrival_answer(core, a))),
                 |ch, r| async move { client(ch).barrier_arrivals(r).await },
             )
             .await
@@ -320,15 +372,37 @@ impl Coordination for CoordService {
                 METHOD,
                 Kind::Write,
                 req,
-                |m, _| async move {
-                    let recorded = m.arrivals.into_iter().map(|a| wait_arrival_answer(core, a));
-                    let answers = futures::future::join_all(recorded)
-                        .await
-                        .into_iter()
-                        .collect::<Result<_, _>>()?;
-                    Ok(pb::BarrierArrivalsResponse { answers })
-                },
+                |m, _| all_answered(m.arrivals.into_iter().map(|a| wait_arrival_answer(core, a))),
                 |ch, r| async move { client(ch).wait_for_all_tasks_arrivals(r).await },
+            )
+            .await
+    }
+
+    /// Each arrival as jaxlib's Barrier records it (`api::xla`), under the same check of the
+    /// caller: a task's certificate may send only its own.
+    async fn xla_barrier_arrivals(
+        &self,
+        req: Request<pb::XlaBarrierArrivalsRequest>,
+    ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
+        const METHOD: &str = "coordination/XlaBarrierArrivals";
+        let Items { name, task, .. } = XLA_ARRIVALS;
+        let arrivals = &req.get_ref().arrivals;
+        self.admit_count(METHOD, XLA_ARRIVALS, arrivals.len())?;
+        for (i, a) in arrivals.iter().enumerate() {
+            let field = format!("{name}[{i}].{task}");
+            self.xla.acting_as(&req, METHOD, &field, a.source_task_id)?;
+        }
+        let (core, xla) = (&*self.core, &*self.xla);
+        self.router
+            .route(
+                METHOD,
+                Kind::Write,
+                req,
+                |m, _| {
+                    let recorded = m.arrivals.into_iter();
+                    all_answered(recorded.map(|a| xla_arrival_answer(core, xla, a)))
+                },
+                |ch, r| async move { client(ch).xla_barrier_arrivals(r).await },
             )
             .await
     }

@@ -343,15 +343,12 @@ impl Replica {
             .xla_job
             .clone()
             .or_else(|| this.args.jobs.first().map(|(j, _)| j.clone()));
-        let xla = XlaServer::from_arc(XlaService::new(
-            this.router.clone(),
-            this.kv.clone(),
-            this.coord.clone(),
-            xla_job,
-        ))
-        .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
-        .max_encoding_message_size(PEER_MESSAGE_LIMIT)
-        .accept_compressed(CompressionEncoding::Gzip);
+        let (router, coord) = (this.router.clone(), this.coord.clone());
+        let xla_service = XlaService::new(router.clone(), this.kv.clone(), coord.clone(), xla_job);
+        let xla = XlaServer::from_arc(xla_service.clone())
+            .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+            .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+            .accept_compressed(CompressionEncoding::Gzip);
         let raft_core = Arc::new(RaftService::new(
             this.raft.clone(),
             this.cluster_id,
@@ -379,10 +376,9 @@ impl Replica {
             },
         ));
         // A sidecar's call carries up to `MAX_ARRIVALS` of its tasks' requests: as TensorFlow's own.
-        let coordination =
-            CoordinationServer::new(CoordService::new(this.router.clone(), this.coord.clone()))
-                .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
-                .max_encoding_message_size(PEER_MESSAGE_LIMIT);
+        let coordination = CoordinationServer::new(CoordService::new(router, coord, xla_service))
+            .max_decoding_message_size(request_limit.max(PEER_MESSAGE_LIMIT))
+            .max_encoding_message_size(PEER_MESSAGE_LIMIT);
         let kv_svc = KeyValueServer::new(crate::api::kv::KvService::new(
             this.router.clone(),
             this.kv.clone(),

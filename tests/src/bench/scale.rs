@@ -217,8 +217,15 @@ fn print(runs: &[Measured], no_gzip: bool) {
         &format!("WaitForAllTasks, one device per task{gzip}: every answer after the last call"),
         "",
         &|m| {
+            // A sidecar's fetch is decompressed before the proxy sees it: its size is the
+            // answer's own.
+            let size = if m.report.arrivals_together {
+                "uncompressed, fetched by the sidecars"
+            } else {
+                "on the wire"
+            };
             format!(
-                "{:.2} s ({:.0} MB on the wire in {} answers, {} B devices)",
+                "{:.2} s ({:.0} MB {size} in {} answers, {} B devices)",
                 m.report.wait_for_all.as_secs_f64(),
                 m.report.wait_for_all_bytes as f64 / 1e6,
                 m.report.wait_for_all_fetches,

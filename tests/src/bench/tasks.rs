@@ -485,7 +485,8 @@ pub async fn run(
         wait_for_all_bytes += bytes;
         answered = answered.max(at);
     }
-    // Through the sidecars, the answers that crossed the wire are their fetches.
+    // Through the sidecars, the answers that crossed the wire are their fetches (counted at their
+    // uncompressed size).
     let wait_for_all_fetches = if arrivals_together {
         let fetches = wait_sidecars.iter().map(|s| s.waits()).sum::<u64>();
         wait_for_all_bytes = wait_for_all_bytes / tasks as u64 * fetches;

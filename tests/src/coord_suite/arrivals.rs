@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use coord_agent::proxy::barriers::WaitBatches;
 use coord_agent::CoordClient;
 use coord_proto::coord::coordination::BarrierAnswer;
 use coord_proto::tensorflow as tf;
@@ -359,5 +360,45 @@ pub async fn a_sidecar_fetches_the_jobs_devices_once(replicas: usize) {
     assert!(
         (2..=3).contains(&fetched),
         "the devices fetched {fetched} times, the test's own call among them"
+    );
+}
+
+/// A sidecar hands its tasks the job's devices as the bytes its one fetch brought, one buffer for
+/// all of them, not a decoded tree copied for each (10,000 tasks' copies of 10,000 devices took
+/// seconds); each decodes as the task's own call's answer.
+pub async fn a_sidecars_tasks_share_one_answer(replicas: usize) {
+    let env = Env::start(replicas, &["--job", &format!("worker={TASKS}")]).await;
+    let c = &env.client.clone();
+    register_all(c, TASKS).await;
+    let sidecar = std::sync::Arc::new(WaitBatches::new(true));
+    let calls: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (sidecar, c) = (sidecar.clone(), c.clone());
+            tokio::spawn(async move { sidecar.send(&c, wait_request(i, true)).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        let answer = call.await.expect("join");
+        answers.push(answer.unwrap_or_else(|s| panic!("task {i}: {s:?}")));
+    }
+    let direct = own_wait(c, wait_request(0, true)).await.expect("direct");
+    let mut buffers = std::collections::BTreeSet::new();
+    for (i, a) in answers.iter().enumerate() {
+        assert!(
+            !a.encoded.is_empty(),
+            "task {i}: handed the bytes as they came"
+        );
+        buffers.insert(a.encoded.as_ptr() as usize);
+        let decoded = tf::WaitForAllTasksResponse::decode(a.encoded.clone()).expect("decodes");
+        assert_eq!(decoded, direct, "task {i}: its own call's answer");
+    }
+    // One buffer per fetch: the devices came in one call, or two (a task whose arrival was
+    // answered after the first fetch had returned).
+    assert_eq!(buffers.len() as u64, sidecar.waits(), "{buffers:?}");
+    assert!(
+        (1..=2).contains(&sidecar.waits()),
+        "{} fetches",
+        sidecar.waits()
     );
 }

@@ -143,7 +143,7 @@ impl XlaService {
 
     /// Over TLS, a task's certificate acts only as its own task (see `authz`): `id` is the XLA
     /// task id the request names in `field`. A refusal carries XLA's error payload.
-    fn acting_as<T>(
+    pub(crate) fn acting_as<T>(
         &self,
         req: &Request<T>,
         method: &'static str,
@@ -155,6 +155,17 @@ impl XlaService {
             Ok((job, i64::from(id)))
         });
         self.router.checked(method, check.map_err(refused))
+    }
+
+    /// The calling task and the participants a Barrier call names, checked as that call checks
+    /// them, its service incarnation first.
+    pub(crate) fn barrier_named(
+        &self,
+        m: &xla::BarrierRequest,
+    ) -> Result<(TaskName, Vec<TaskName>), CoordError> {
+        self.check_incarnation(m.incarnations.as_ref())
+            .and_then(|()| self.task(m.source_task_id, "source_task_id"))
+            .and_then(|s| Ok((s, self.tasks(&m.task_ids, "task_ids")?)))
     }
 
     /// Every task of `ids` (the job read once for all of them).

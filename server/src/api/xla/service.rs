@@ -318,10 +318,7 @@ impl CoordinationService for XlaService {
                         // Combinators, not an `async` block, which would keep room for `m` beside
                         // the arrival it is moved into (see `Router::route`).
                         let (barrier_id, counter) = (m.barrier_id.clone(), m.counter);
-                        let named = this
-                            .check_incarnation(m.incarnations.as_ref())
-                            .and_then(|()| this.task(m.source_task_id, "source_task_id"))
-                            .and_then(|s| Ok((s, this.tasks(&m.task_ids, "task_ids")?)));
+                        let named = this.barrier_named(&m);
                         this.coord
                             .barrier(id, m.barrier_id, m.counter, m.barrier_timeout_in_ms, named)
                             .map(move |passed| match passed {
