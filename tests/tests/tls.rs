@@ -323,6 +323,24 @@ async fn a_task_may_act_only_as_itself() {
                 .contains_key(coord_proto::tensorflow::distributed_runtime::COORDINATION_ERROR_URL),
             "{err:?}"
         );
+        // Each arrival a sidecar sends with others is checked as the task's own call is.
+        let arrival = |t| tf::BarrierRequest {
+            barrier_id: "b".into(),
+            source_task: Some(t),
+            ..Default::default()
+        };
+        let both = vec![arrival(task("worker", 0)), arrival(w1.clone())];
+        let err = as0.barrier_arrivals(both).await.expect_err("arrivals");
+        assert_denied(&err, &["arrivals[1].source_task", "task worker/1"]);
+        let xla_arrival = coord_proto::xla::coordination::BarrierRequest {
+            source_task_id: 1,
+            ..Default::default()
+        };
+        let err = as0
+            .xla_barrier_arrivals(vec![xla_arrival])
+            .await
+            .expect_err("xla");
+        assert_denied(&err, &["arrivals[0].source_task_id", "task worker/1"]);
         // A task may not reconfigure the ensemble.
         let err = as0.remove_member(3).await.expect_err("member remove");
         assert_denied(&err, &["RemoveMember", "not allowed to a task"]);
