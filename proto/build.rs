@@ -28,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".tensorflow.WaitForAllTasksResponse",
             "crate::tensorflow::WaitForAllTasksResponse",
         )
+        // Likewise a round's live tasks (see `alive_answer.rs`).
+        .extern_path(
+            ".xla.coordination.GetAliveTasksResponse",
+            "crate::xla::coordination::GetAliveTasksResponse",
+        )
         .compile_fds(fds)?;
     Ok(())
 }

@@ -233,6 +233,13 @@ impl CoordClient {
         self.call_with(req, ticket.as_ref(), limit, f).await
     }
 
+    /// `n` request numbers of this client's session, for the commands one call carries several
+    /// of, each applied once however often the call is sent again; keep the tickets until the
+    /// call is answered.
+    pub(crate) fn tickets(&self, n: usize) -> Vec<coord_proto::metadata::Ticket> {
+        (0..n).map(|_| self.inner.session.begin()).collect()
+    }
+
     /// A session of request ids under a client id of its own, for [`CoordClient::forward_in`].
     pub fn new_session() -> Arc<RequestSession> {
         RequestSession::new(rand::random::<u64>() | 1)

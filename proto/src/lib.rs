@@ -6,6 +6,7 @@
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 //! - [`fuzz`]: the deterministic random stream of the fuzz tests.
 //! - [`wait_answer`]: TensorFlow's `WaitForAllTasksResponse`, able to carry a device list encoded once.
+//! - [`alive_answer`]: XLA's `GetAliveTasksResponse`, able to carry its fields encoded once.
 //! - The generated schemas, written in this file (each service's code uses [`codec`]):
 //!   - [`tensorflow`]: `tensorflow.CoordinationService`, TensorFlow's coordination service
 //!     schema, including the fields TensorFlow added later (`allow_overwrite`, barrier
@@ -81,6 +82,8 @@ pub mod tensorflow {
 pub mod xla {
     pub mod coordination {
         tonic::include_proto!("xla.coordination");
+        /// Able to carry its fields encoded once (see [`crate::alive_answer`]).
+        pub type GetAliveTasksResponse = crate::alive_answer::AliveAnswer;
     }
 }
 
@@ -133,6 +136,7 @@ pub fn grpc_code_name(code: tonic::Code) -> &'static str {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/coord_descriptors.bin"));
 
+pub mod alive_answer;
 pub mod codec;
 pub mod conn;
 pub mod dataset;

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use coord_proto::tensorflow as tf;
+use coord_proto::xla::coordination as xla;
 use coord_tests::coord_suite::{assert_code, w, Env, LEADER_TIMEOUT};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -72,24 +73,27 @@ async fn a_barrier_survives_the_leader_kill() {
 }
 
 type SidecarClient = tf::coordination_service_client::CoordinationServiceClient<Channel>;
+type XlaSidecarClient = xla::coordination_service_client::CoordinationServiceClient<Channel>;
 
-/// Three tasks through coord-proxy: tasks 0 and 1 call (`call(client, task)`), the sidecar's one
-/// call for them is parked on the leader, the leader is killed; then task 2 calls. Returns task 2's
-/// answer, from the new leader, and the first two's.
+/// Three tasks through coord-proxy: tasks 0 and 1 call (`call(channel, task, service
+/// incarnation)`), the sidecar's one call for them is parked on the leader, the leader is killed;
+/// then task 2 calls. Returns task 2's answer, from the new leader, and the first two's.
 async fn across_a_kill_through_a_sidecar<T, F, Fut>(call: F) -> (T, Vec<T>)
 where
     T: Send + 'static,
-    F: Fn(SidecarClient, i32) -> Fut,
+    F: Fn(Channel, i32, u64) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
 {
     let mut env = Env::start(3, &["--job", "worker=3"]).await;
     let sidecar = coord_tests::jax::Sidecar::start(&env.cluster.endpoints());
-    register(&env, 3).await;
-    let tf = SidecarClient::connect(format!("http://{}", sidecar.addr))
+    let service = register(&env, 3).await;
+    let ch = Channel::from_shared(format!("http://{}", sidecar.addr))
+        .expect("uri")
+        .connect()
         .await
         .expect("connect to the sidecar");
     let answer = |i: i32| {
-        let call = call(tf.clone(), i);
+        let call = call(ch.clone(), i, service);
         async move {
             let answered = tokio::spawn(call).await.expect("join");
             answered
@@ -117,15 +121,16 @@ where
 /// re-parked on the new leader, and every task is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
-    let (last, earlier) = across_a_kill_through_a_sidecar(|mut tf, i| async move {
-        tf.barrier(tf::BarrierRequest {
-            barrier_id: "sync".into(),
-            barrier_timeout_in_ms: 60_000,
-            tasks: Vec::new(),
-            source_task: Some(w(i)),
-            counter: 0,
-        })
-        .await
+    let (last, earlier) = across_a_kill_through_a_sidecar(|ch, i, _| async move {
+        SidecarClient::new(ch)
+            .barrier(tf::BarrierRequest {
+                barrier_id: "sync".into(),
+                barrier_timeout_in_ms: 60_000,
+                tasks: Vec::new(),
+                source_task: Some(w(i)),
+                counter: 0,
+            })
+            .await
     })
     .await;
     assert_eq!(last.counter, 0);
@@ -138,17 +143,45 @@ async fn a_sidecars_barrier_wait_survives_the_leader_kill() {
 /// of their calls: that call is re-driven on the new leader, and every task gets the devices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecars_wait_for_all_tasks_survives_the_leader_kill() {
-    let (last, earlier) = across_a_kill_through_a_sidecar(|mut tf, i| async move {
-        tf.wait_for_all_tasks(tf::WaitForAllTasksRequest {
-            source_task: Some(w(i)),
-            local_device_info: None,
-            device_info: Some(tf::DeviceInfo::default()),
-        })
-        .await
+    let (last, earlier) = across_a_kill_through_a_sidecar(|ch, i, _| async move {
+        SidecarClient::new(ch)
+            .wait_for_all_tasks(tf::WaitForAllTasksRequest {
+                source_task: Some(w(i)),
+                local_device_info: None,
+                device_info: Some(tf::DeviceInfo::default()),
+            })
+            .await
     })
     .await;
     for answer in earlier {
         assert_eq!(answer, last, "every task gets the same answer");
+    }
+}
+
+/// coord-proxy records its tasks' GetAliveTasks asks together (each under its own request
+/// number) and waits on the round with one call: the asks stay in their round, the wait is
+/// re-parked on the new leader, and every task gets the round's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecars_get_alive_tasks_survives_the_leader_kill() {
+    let (last, earlier) = across_a_kill_through_a_sidecar(|ch, i, service| async move {
+        let incarnations = xla::Incarnations {
+            task_id: i,
+            task_incarnation: 0,
+            service_incarnation: service,
+        };
+        XlaSidecarClient::new(ch)
+            .get_alive_tasks(xla::GetAliveTasksRequest {
+                incarnations: Some(incarnations),
+                requesting_task_id: i,
+                task_ids: vec![2, 1, 0],
+            })
+            .await
+    })
+    .await;
+    assert_eq!(last.alive_task_ids, vec![0, 1, 2]);
+    assert_eq!(last.incarnations, vec![1000, 1001, 1002]);
+    for answer in earlier {
+        assert_eq!(answer, last, "the round's answer, for every task");
     }
 }
 

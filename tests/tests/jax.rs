@@ -123,8 +123,9 @@ async fn jaxlib_gets_the_answers_of_its_own_service(release: JaxRelease) {
     assert_eq!(entry(&t, 0, "counter_after_barrier")["ok"], "3");
     same_lines(&theirs, &ours);
 
-    // Through a sidecar, which records the tasks' barrier arrivals together and waits on each
-    // instance once for all of them: the same answers, and no task's Barrier call went on its own.
+    // Through a sidecar, which records the tasks' barrier arrivals and GetAliveTasks asks together
+    // and waits on each instance or round once for all of them: the same answers, and no task's
+    // Barrier or GetAliveTasks call went on its own.
     let mut cluster = ensemble(3, &["--heartbeat-timeout-ms", "3000"]);
     cluster.wait_for_leader(Duration::from_secs(30)).await;
     let sidecar = Sidecar::start(&cluster.endpoints());
@@ -141,6 +142,14 @@ async fn jaxlib_gets_the_answers_of_its_own_service(release: JaxRelease) {
         ok_calls(&cluster, "xla/Barrier"),
         0,
         "a task's own Barrier call"
+    );
+    let asked = ok_calls(&cluster, "coordination/XlaAliveArrivals");
+    let awaited = ok_calls(&cluster, "coordination/AwaitAlive");
+    assert!(asked > 0 && awaited > 0, "asks {asked}, waits {awaited}");
+    assert_eq!(
+        ok_calls(&cluster, "xla/GetAliveTasks"),
+        0,
+        "a task's own GetAliveTasks call"
     );
 }
 

@@ -10,6 +10,7 @@ use coord_proto::coord::raft::raft_transport_client::RaftTransportClient;
 use coord_proto::coord::raft::RaftRequest;
 use coord_proto::tensorflow as tf;
 use coord_proto::tls::{ClientTls, Identity};
+use coord_proto::xla::coordination as xla;
 use coord_tests::certs::TestPki;
 use coord_tests::cli::coordctl;
 use coord_tests::cluster::{Cluster, ClusterOptions};
@@ -285,15 +286,9 @@ async fn a_task_may_act_only_as_itself() {
         assert_denied(&err, &words);
         assert!(err.message().contains("RegisterTask"), "{err:?}");
         assert_denied(&as0.heartbeat(&w1, 7).await.expect_err("hb"), &words);
-        let err = as0
-            .report_error(&w1, 13, "forged")
-            .await
-            .expect_err("error");
+        let err = as0.report_error(&w1, 13, "forged").await.expect_err("e");
         assert_denied(&err, &["ReportErrorToService", "error_origin"]);
-        let err = as0
-            .barrier("b", 0, TIMEOUT, &[], &w1)
-            .await
-            .expect_err("barrier");
+        let err = as0.barrier("b", 0, TIMEOUT, &[], &w1).await.expect_err("b");
         assert_denied(&err, &words);
         assert_denied(&as0.reset_task(&w1).await.expect_err("reset"), &words);
         assert_denied(&as0.poll_for_error(&w1, 0).await.expect_err("poll"), &words);
@@ -332,15 +327,18 @@ async fn a_task_may_act_only_as_itself() {
         let both = vec![arrival(task("worker", 0)), arrival(w1.clone())];
         let err = as0.barrier_arrivals(both).await.expect_err("arrivals");
         assert_denied(&err, &["arrivals[1].source_task", "task worker/1"]);
-        let xla_arrival = coord_proto::xla::coordination::BarrierRequest {
+        let a = xla::BarrierRequest {
             source_task_id: 1,
             ..Default::default()
         };
-        let err = as0
-            .xla_barrier_arrivals(vec![xla_arrival])
-            .await
-            .expect_err("xla");
-        assert_denied(&err, &["arrivals[0].source_task_id", "task worker/1"]);
+        let e = as0.xla_barrier_arrivals(vec![a]).await.expect_err("x");
+        assert_denied(&e, &["arrivals[0].source_task_id", "task worker/1"]);
+        let a = xla::GetAliveTasksRequest {
+            requesting_task_id: 1,
+            ..Default::default()
+        };
+        let e = as0.xla_alive_arrivals(vec![a]).await.expect_err("alive");
+        assert_denied(&e, &["arrivals[0].requesting_task_id", "task worker/1"]);
         // A task may not reconfigure the ensemble.
         let err = as0.remove_member(3).await.expect_err("member remove");
         assert_denied(&err, &["RemoveMember", "not allowed to a task"]);

@@ -66,10 +66,11 @@ struct Cli {
     /// heartbeat on its own, at once.
     #[arg(long, default_value_t = coord_agent::proxy::beats::DEFAULT_WINDOW.as_millis() as u64)]
     heartbeat_batch_ms: u64,
-    /// Send each task's Barrier (TensorFlow's and jaxlib's) and WaitForAllTasks call to the
-    /// ensemble on its own, parked there until the barrier passes, instead of recording the
-    /// tasks' arrivals together and waiting on each barrier instance (and fetching the job's
-    /// devices) with one call for all of them (the default).
+    /// Send each task's Barrier (TensorFlow's and jaxlib's), WaitForAllTasks and jaxlib's
+    /// GetAliveTasks call to the ensemble on its own, parked there until the barrier passes,
+    /// instead of recording the tasks' arrivals together and waiting on each barrier instance (or
+    /// round of GetAliveTasks, and fetching the job's devices) with one call for all of them (the
+    /// default).
     #[arg(long)]
     barriers_one_by_one: bool,
     /// Also serve torch's TCPStore protocol here (HOST:PORT), over the ensemble: point torchrun's

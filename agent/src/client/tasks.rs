@@ -8,14 +8,19 @@ use std::time::Duration;
 
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
-    AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, Beat, BeatAnswer,
-    GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest, PollForErrorRequest,
-    PollForErrorResponse, WaitForAllTasksArrivalsRequest, XlaBarrierArrivalsRequest,
+    AwaitAliveRequest, AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, Beat,
+    BeatAnswer, GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest, PollForErrorRequest,
+    PollForErrorResponse, WaitForAllTasksArrivalsRequest, XlaAliveArrivalsRequest,
+    XlaBarrierArrivalsRequest,
 };
 use coord_proto::tensorflow as tf;
+use coord_proto::xla::coordination as xla;
 use tonic::Status;
 
 use super::{tf_client, CoordClient};
+
+/// Largest answer of the whole job read: 100,000 tasks' GetAliveTasks answer is about 1.3 MB.
+const ANSWER_LIMIT: usize = 64 << 20;
 
 impl CoordClient {
     /// Registers `task`; returns the service incarnation.
@@ -87,7 +92,7 @@ impl CoordClient {
     /// [`Self::barrier_arrivals`] answers TensorFlow's.
     pub async fn xla_barrier_arrivals(
         &self,
-        arrivals: Vec<coord_proto::xla::coordination::BarrierRequest>,
+        arrivals: Vec<xla::BarrierRequest>,
     ) -> Result<Vec<BarrierAnswer>, Status> {
         let req = XlaBarrierArrivalsRequest { arrivals };
         let resp = self
@@ -96,6 +101,49 @@ impl CoordClient {
             })
             .await?;
         Ok(resp.answers)
+    }
+
+    /// Several of jaxlib's GetAliveTasks calls in one call, recorded without waiting, each under
+    /// a request number of its own (so that one sent again after a leader change is recorded
+    /// once): one answer per arrival, in order: the task's own error, or the round of its set it
+    /// joined (`counter`), which [`Self::await_alive`] waits on.
+    pub async fn xla_alive_arrivals(
+        &self,
+        arrivals: Vec<xla::GetAliveTasksRequest>,
+    ) -> Result<Vec<BarrierAnswer>, Status> {
+        let tickets = self.tickets(arrivals.len());
+        let req = XlaAliveArrivalsRequest {
+            arrival_seqs: tickets.iter().map(|t| t.id.seq).collect(),
+            arrivals,
+        };
+        let resp = self
+            .mutate(req, |ch, r| async move {
+                CoordinationClient::new(ch).xla_alive_arrivals(r).await
+            })
+            .await;
+        drop(tickets);
+        Ok(resp?.answers)
+    }
+
+    /// Waits for round `generation` of GetAliveTasks over `task_ids`: the answer each task of the
+    /// round gets from its own call (gzip accepted: the replicas compress it once).
+    pub async fn await_alive(
+        &self,
+        task_ids: Vec<i32>,
+        generation: i64,
+    ) -> Result<xla::GetAliveTasksResponse, Status> {
+        let req = AwaitAliveRequest {
+            task_ids,
+            generation,
+        };
+        self.forward(req, false, true, |ch, r| async move {
+            CoordinationClient::new(ch)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .max_decoding_message_size(ANSWER_LIMIT)
+                .await_alive(r)
+                .await
+        })
+        .await
     }
 
     /// Several tasks' WaitForAllTasks arrivals in one call, recorded without waiting (see

@@ -31,7 +31,12 @@ fn answered(a: BarrierAnswer) -> Result<i64, Status> {
     if a.error_code == 0 {
         return Ok(a.counter);
     }
-    Err(final_status(a.error_code, a.error_message, a.error_details))
+    Err(own_error(a))
+}
+
+/// The error an arrival's answer carries, as its own call would have ended with it.
+pub(super) fn own_error(a: BarrierAnswer) -> Status {
+    final_status(a.error_code, a.error_message, a.error_details)
 }
 
 /// A barrier arrival's counter if its instance is decided (or its error), else the instance it
@@ -231,11 +236,7 @@ impl Gathered for WaitsForAll {
         if answer.pending || answer.error_code == 0 {
             return Err(answer_form(arrival));
         }
-        Ok(Err(final_status(
-            answer.error_code,
-            answer.error_message,
-            answer.error_details,
-        )))
+        Ok(Err(own_error(answer)))
     }
 
     /// The first waiting task's own call, sent again (its arrival is recorded once): the answer
@@ -253,7 +254,11 @@ impl Gathered for WaitsForAll {
         arrival: tf::WaitForAllTasksRequest,
     ) -> Boxed<Result<tf::WaitForAllTasksResponse, Status>> {
         Box::pin(async move {
-            let encoded = client.forward(arrival, true, true, fetch_undecoded).await?;
+            let encoded = client
+                .forward(arrival, true, true, |ch, r| {
+                    fetch_undecoded(ch, r, "/tensorflow.CoordinationService/WaitForAllTasks")
+                })
+                .await?;
             Ok(tf::WaitForAllTasksResponse {
                 encoded,
                 ..Default::default()
@@ -262,13 +267,15 @@ impl Gathered for WaitsForAll {
     }
 }
 
-/// WaitForAllTasks on `ch`, gzip accepted (the replicas compress the job's devices once), the
-/// answer's bytes kept undecoded: every task the proxy hands it to gets the same buffer, written
-/// out verbatim (see `coord_proto::wait_answer`), where a decoded answer is a tree of the whole
-/// job's devices copied for each of them.
-async fn fetch_undecoded(
+/// Method `path` (WaitForAllTasks, AwaitAlive) on `ch`, gzip accepted (the replicas compress
+/// the whole job's answer once), the answer's bytes kept undecoded: every task the proxy hands it
+/// to gets the same buffer, written out verbatim (see `coord_proto::wait_answer` and
+/// `alive_answer`), where a decoded answer is a tree of the whole job's devices or tasks copied for
+/// each of them.
+pub(super) async fn fetch_undecoded<Req: prost::Message + Send + 'static>(
     ch: crate::client::Channel,
-    req: tonic::Request<tf::WaitForAllTasksRequest>,
+    req: tonic::Request<Req>,
+    path: &'static str,
 ) -> Result<tonic::Response<bytes::Bytes>, Status> {
     let mut grpc = tonic::client::Grpc::new(ch)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
@@ -277,8 +284,6 @@ async fn fetch_undecoded(
     grpc.ready()
         .await
         .map_err(|e| Status::unavailable(format!("the connection is not ready: {e}")))?;
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/tensorflow.CoordinationService/WaitForAllTasks",
-    );
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
     grpc.unary(req, path, UndecodedCodec::default()).await
 }

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use self::reads::SharedReads;
 use crate::client::{Channel, CoordClient};
 
+pub mod alive;
 pub mod arrivals;
 pub mod barriers;
 pub mod beats;

@@ -2,11 +2,12 @@
 
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
 
+use super::alive::XlaAliveBatches;
 use super::barriers::XlaBarrierBatches;
 use super::{proxy_service, Call, MESSAGE_LIMIT};
 use crate::client::Channel;
 
-fn upstream(ch: Channel) -> CoordinationServiceClient<Channel> {
+pub(super) fn upstream(ch: Channel) -> CoordinationServiceClient<Channel> {
     CoordinationServiceClient::new(ch)
         .max_decoding_message_size(MESSAGE_LIMIT)
         .max_encoding_message_size(MESSAGE_LIMIT)
@@ -28,11 +29,11 @@ proxy_service! {
     get_key_value_dir(GetKeyValueDirRequest) -> GetKeyValueDirResponse: Call::SharedRead;
     delete_key_value(DeleteKeyValueRequest) -> DeleteKeyValueResponse: Call::Write;
     cancel_barrier(CancelBarrierRequest) -> CancelBarrierResponse: Call::Write;
-    get_alive_tasks(GetAliveTasksRequest) -> GetAliveTasksResponse: Call::WaitingWrite;
     poll_for_error(PollForErrorRequest) -> PollForErrorResponse: Call::WaitingRead;
     report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse: Call::Write;
     @fields {
         barriers: XlaBarrierBatches = XlaBarrierBatches::new(true),
+        alive: XlaAliveBatches = XlaAliveBatches::new(true),
     }
     @custom {
         /// Recorded with the other tasks' arrivals, and answered with them from one wait on the
@@ -46,14 +47,27 @@ proxy_service! {
                 .await
                 .map(tonic::Response::new)
         }
+
+        /// Recorded with the other tasks' asks, and answered with them from one wait on the
+        /// round (see [`super::alive`]).
+        async fn get_alive_tasks(
+            &self,
+            req: tonic::Request<pb::GetAliveTasksRequest>,
+        ) -> Result<tonic::Response<pb::GetAliveTasksResponse>, tonic::Status> {
+            self.alive
+                .send(&self.client, req.into_inner())
+                .await
+                .map(tonic::Response::new)
+        }
     }
 }
 
 impl XlaProxy {
-    /// Each task's Barrier call sent on its own (false), or arrivals recorded together (true, the
-    /// default).
+    /// Each task's Barrier and GetAliveTasks call sent on its own (false), or arrivals recorded
+    /// together (true, the default).
     pub fn with_barriers_together(mut self, together: bool) -> Self {
         self.barriers = XlaBarrierBatches::new(together);
+        self.alive = XlaAliveBatches::new(together);
         self
     }
 }

@@ -133,6 +133,12 @@ impl AliveQueries {
             .map(|(_, a)| a)
     }
 
+    /// The round of `set` now collecting askers (0 for a set never asked about): rounds before it
+    /// have finished.
+    pub fn generation(&self, set: &TaskSet) -> u64 {
+        self.by_set.get(set).map_or(0, |r| r.generation)
+    }
+
     /// The rounds still waiting for askers: (set, who asked).
     pub fn open(&self) -> impl Iterator<Item = (&TaskSet, &BTreeSet<TaskName>)> {
         self.by_set

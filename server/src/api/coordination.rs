@@ -8,7 +8,8 @@
 //! them together ([`Coordination::heartbeats`]); each is answered as its own call would have been.
 //! Likewise its tasks' barrier arrivals are recorded together, and it waits on each instance with
 //! one call ([`Coordination::barrier_arrivals`], [`Coordination::await_barrier`], see
-//! `serve::coordination::arrivals`).
+//! `serve::coordination::arrivals`), and jaxlib's GetAliveTasks asks, waited on per round
+//! ([`Coordination::xla_alive_arrivals`], [`Coordination::await_alive`]).
 
 use std::sync::Arc;
 
@@ -19,13 +20,16 @@ use coord_proto::coord::coordination::coordination_server::Coordination;
 use coord_proto::tensorflow as tf;
 use coord_proto::xla::coordination as xla;
 use coord_raft_store::state::{Outcome, TaskName};
+use coord_raft_store::RequestId;
 use tonic::{Request, Response, Status};
 
 use crate::api::payloads::{barrier_error, detailed_with};
 use crate::api::tf::{devices_of, heartbeat_answer};
 use crate::api::wire::{error_payload, state_to, task_from, task_to, tasks_from};
+use crate::api::xla::errors::detailed;
 use crate::api::xla::XlaService;
 use crate::error::{grpc_code, CoordError};
+use crate::ops::request_id;
 use crate::serve::coordination::CoordCore;
 use crate::serve::route::{Kind, Router};
 
@@ -75,6 +79,50 @@ impl CoordService {
     }
 }
 
+impl CoordService {
+    /// Admits a call carrying several of jaxlib's requests, which name their tasks by XLA's
+    /// `ids`: at most `what.limit`, each naming a task the caller may act as.
+    fn admit_xla<T>(
+        &self,
+        req: &Request<T>,
+        method: &'static str,
+        what: Items,
+        ids: Vec<i32>,
+    ) -> Result<(), Status> {
+        self.admit_count(method, what, ids.len())?;
+        let Items { name, task, .. } = what;
+        for (i, id) in ids.into_iter().enumerate() {
+            let field = format!("{name}[{i}].{task}");
+            self.xla.acting_as(req, method, &field, id)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `XlaAliveArrivals` numbers its arrivals as it must: one number per arrival or
+/// none, and numbers only under a request id of the caller's own (a replica would number the
+/// arrivals under its own client, where they could be taken for its other requests).
+fn numbered(req: &Request<pb::XlaAliveArrivalsRequest>) -> Result<(), Status> {
+    let m = req.get_ref();
+    let (seqs, arrivals) = (m.arrival_seqs.len(), m.arrivals.len());
+    if seqs == 0 {
+        return Ok(());
+    }
+    if seqs != arrivals {
+        return Err(Status::invalid_argument(format!(
+            "arrival_seqs: {seqs} numbers for {arrivals} arrivals; send one per arrival, or none"
+        )));
+    }
+    match request_id::from_metadata(req.metadata()).map_err(Status::from)? {
+        Some(_) => Ok(()),
+        None => Err(Status::invalid_argument(format!(
+            "arrival_seqs number the arrivals under the call's client, but the call carries no \
+             {} metadata",
+            coord_proto::metadata::REQUEST_ID
+        ))),
+    }
+}
+
 /// What a call carrying several tasks' items calls them, the field naming each one's task, and how
 /// many one call may carry.
 #[derive(Clone, Copy)]
@@ -99,6 +147,9 @@ const ARRIVALS: Items = Items::new("arrivals", "source_task", MAX_ARRIVALS);
 
 /// The arrivals of [`Coordination::xla_barrier_arrivals`], which name tasks by XLA's ids.
 const XLA_ARRIVALS: Items = Items::new("arrivals", "source_task_id", MAX_ARRIVALS);
+
+/// The arrivals of [`Coordination::xla_alive_arrivals`].
+const XLA_ALIVE_ARRIVALS: Items = Items::new("arrivals", "requesting_task_id", MAX_ARRIVALS);
 
 /// Most heartbeats one call may carry: a sidecar carries the tasks of one host, and a call this
 /// large still answers in a few milliseconds.
@@ -235,6 +286,20 @@ async fn xla_arrival_answer(
     .await
 }
 
+/// Records one of jaxlib's GetAliveTasks arrivals as the task's own call would (see
+/// [`XlaService::alive_named`]), under request id `id`; its answer: the round it joined.
+async fn xla_alive_answer(
+    core: &CoordCore,
+    xla: &XlaService,
+    a: xla::GetAliveTasksRequest,
+    id: Option<RequestId>,
+) -> Result<pb::BarrierAnswer, CoordError> {
+    let recorded = core.alive_arrival(id, xla.alive_named(&a)).await;
+    let round = recorded
+        .map(|(generation, finished)| (generation as i64, finished.then_some(Outcome::Passed)));
+    arrival_outcome(round, 0, detailed)
+}
+
 /// Records a barrier arrival of the task and participants `named` (or the error naming them
 /// ended with); its answer.
 async fn recorded_answer(
@@ -265,7 +330,7 @@ where
     Ok(pb::BarrierArrivalsResponse { answers })
 }
 
-fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
+pub(crate) fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
     CoordinationClient::new(ch)
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT)
@@ -385,13 +450,8 @@ impl Coordination for CoordService {
         req: Request<pb::XlaBarrierArrivalsRequest>,
     ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
         const METHOD: &str = "coordination/XlaBarrierArrivals";
-        let Items { name, task, .. } = XLA_ARRIVALS;
-        let arrivals = &req.get_ref().arrivals;
-        self.admit_count(METHOD, XLA_ARRIVALS, arrivals.len())?;
-        for (i, a) in arrivals.iter().enumerate() {
-            let field = format!("{name}[{i}].{task}");
-            self.xla.acting_as(&req, METHOD, &field, a.source_task_id)?;
-        }
+        let ids = req.get_ref().arrivals.iter().map(|a| a.source_task_id);
+        self.admit_xla(&req, METHOD, XLA_ARRIVALS, ids.collect())?;
         let (core, xla) = (&*self.core, &*self.xla);
         self.router
             .route(
@@ -405,6 +465,44 @@ impl Coordination for CoordService {
                 |ch, r| async move { client(ch).xla_barrier_arrivals(r).await },
             )
             .await
+    }
+
+    /// Each arrival as jaxlib's GetAliveTasks records it (`api::xla`), under its own request
+    /// number, and the same check of the caller.
+    async fn xla_alive_arrivals(
+        &self,
+        req: Request<pb::XlaAliveArrivalsRequest>,
+    ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
+        const METHOD: &str = "coordination/XlaAliveArrivals";
+        let ids = req.get_ref().arrivals.iter().map(|a| a.requesting_task_id);
+        self.admit_xla(&req, METHOD, XLA_ALIVE_ARRIVALS, ids.collect())?;
+        self.router.checked(METHOD, numbered(&req))?;
+        let (core, xla) = (&*self.core, &*self.xla);
+        self.router
+            .route(
+                METHOD,
+                Kind::Write,
+                req,
+                |m, id| {
+                    let seqs = m.arrival_seqs;
+                    let recorded = m.arrivals.into_iter().enumerate().map(move |(i, a)| {
+                        let own = id
+                            .zip(seqs.get(i))
+                            .map(|(id, &seq)| RequestId { seq, ..id });
+                        xla_alive_answer(core, xla, a, own)
+                    });
+                    all_answered(recorded)
+                },
+                |ch, r| async move { client(ch).xla_alive_arrivals(r).await },
+            )
+            .await
+    }
+
+    async fn await_alive(
+        &self,
+        req: Request<pb::AwaitAliveRequest>,
+    ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
+        self.xla.await_alive_call(req).await
     }
 
     async fn await_barrier(

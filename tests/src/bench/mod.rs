@@ -33,6 +33,7 @@ pub mod torch;
 pub mod wait_for_all;
 mod wire_size;
 pub mod xla_scale;
+mod xla_sidecars;
 
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;

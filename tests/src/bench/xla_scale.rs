@@ -127,6 +127,8 @@ pub struct Measured {
     pub alive_listed: usize,
     pub alive_answer_bytes: usize,
     pub alive_log: LogGrowth,
+    /// The next round, through a sidecar per connection.
+    pub through_sidecars: super::xla_sidecars::SidecarRound,
     pub leader_rss_before: u64,
     pub leader_rss_registered: u64,
     /// With every GetAliveTasks call but the last parked.
@@ -296,12 +298,13 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     // is timed until every task has its answer. Task 0 decodes its answer (to check that it
     // lists the whole job alive); the others only count theirs.
     let all: Arc<Vec<i32>> = Arc::new((0..tasks).map(id).collect());
+    let request = |i: usize| xla::GetAliveTasksRequest {
+        incarnations: incarnations(i, service),
+        requesting_task_id: id(i),
+        task_ids: all.as_ref().clone(),
+    };
     let ask = |i: usize| {
-        let req = xla::GetAliveTasksRequest {
-            incarnations: incarnations(i, service),
-            requesting_task_id: id(i),
-            task_ids: all.as_ref().clone(),
-        };
+        let req = request(i);
         let ch = channel(i).clone();
         Spawned::new(async move {
             if i == 0 {
@@ -366,6 +369,19 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         "GetAliveTasks answered every task {alive:?} after the last call ({})",
         mb(alive_wire_bytes)
     );
+    // The next round, each connection's tasks carried by a sidecar.
+    let endpoints = cluster.endpoints();
+    let through = within(
+        "GetAliveTasks through sidecars",
+        &still_leading,
+        super::xla_sidecars::alive_round(&endpoints, connections, tasks, request, &parked),
+    )
+    .await?;
+    eprintln!(
+        "GetAliveTasks through sidecars answered every task {:?} after the last ask (the \
+         sidecars had it after {:?} to {:?})",
+        through.answered, through.first_sidecar_had_it, through.sidecars_had_it
+    );
     drop(beats);
     still_leading()?;
     let after = cluster.status(leader).ok_or("leader has no /status")?;
@@ -384,6 +400,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         alive_listed,
         alive_answer_bytes,
         alive_log,
+        through_sidecars: through,
         leader_rss_before,
         leader_rss_registered,
         leader_rss_parked,
@@ -525,6 +542,22 @@ fn print(runs: &[Measured], no_gzip: bool) {
     row("... Raft log the round wrote (leader)", &|m| {
         log_cell(&m.alive_log, Some(m.tasks))
     });
+    row(
+        "the next round through a sidecar per connection: every answer after the last ask",
+        &|m| {
+            let r = &m.through_sidecars;
+            format!(
+                "{:.2} s, the sidecars had it after {:.2}-{:.2} s ({} calls to the ensemble, {} \
+                 of them waits; {} parked)",
+                r.answered.as_secs_f64(),
+                r.first_sidecar_had_it.as_secs_f64(),
+                r.sidecars_had_it.as_secs_f64(),
+                r.calls,
+                r.waits,
+                r.parked
+            )
+        },
+    );
     row(
         "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, after",
         &|m| {

@@ -11,18 +11,26 @@
 //! round: the call is read into an [`Ask`], its list as runs, before it is routed, so what waits
 //! is a few bytes rather than the list (the router keeps the message to drive the call again
 //! after a leader change, and each attempt its own copy: 80 KB a call at 10,000 tasks).
+//!
+//! A sidecar carrying several tasks parks none of their calls: it records their asks together
+//! (`coordination/XlaAliveArrivals`, each read by [`XlaService::alive_named`]) and waits on the
+//! round with one `coordination/AwaitAlive` call ([`XlaService::await_alive_call`]), answered
+//! from the same encoding.
 
 use std::sync::Arc;
 
+use coord_proto::coord::coordination::AwaitAliveRequest;
 use coord_proto::xla::coordination as xla;
-use coord_raft_store::state::TaskSet;
+use coord_raft_store::state::{AliveAnswer, TaskName, TaskSet};
 use futures::future::Either;
 use futures::FutureExt;
 use tonic::{Request, Response, Status};
 
 use super::errors::id_of;
 use super::{client, served, XlaService};
+use crate::api::coordination::client as coordination_client;
 use crate::api::shared_answer::{AnswerBytes, SharedAnswer};
+use crate::error::CoordError;
 use crate::serve::route::Kind;
 
 /// A routed call's answer: the leader's own, encoded once; or one relayed from the leader.
@@ -119,12 +127,7 @@ impl XlaService {
                         Ask::Listed(m) => this.task_set(&m.task_ids, "task_ids")?,
                     };
                     let alive = this.coord.get_alive(id, source, set).await?;
-                    Ok(Routed::Shared(this.alive.of(&alive, |alive| {
-                        AnswerBytes::encode(&xla::GetAliveTasksResponse {
-                            alive_task_ids: alive.iter().map(|(t, _)| id_of(t)).collect(),
-                            incarnations: alive.iter().map(|(_, i)| *i).collect(),
-                        })
-                    })))
+                    Ok(Routed::Shared(this.encoded(&alive)))
                 })
             },
             |ch, r| async move {
@@ -132,16 +135,76 @@ impl XlaService {
                 Ok(answer.map(Routed::Relayed))
             },
         );
-        Either::Right(routed.map(|routed| {
-            Ok(match routed?.into_inner() {
-                // The message stays empty: the response layer sends the shared bytes instead.
-                Routed::Shared(bytes) => {
-                    let mut r = Response::new(xla::GetAliveTasksResponse::default());
-                    r.extensions_mut().insert(SharedAnswer(bytes));
-                    r
-                }
-                Routed::Relayed(answer) => Response::new(answer),
-            })
-        }))
+        Either::Right(routed.map(answered))
     }
+
+    /// The task and set a GetAliveTasks call names, checked as that call checks them (its
+    /// service incarnation first): how an arrival a sidecar sends with others is read.
+    pub(crate) fn alive_named(
+        &self,
+        m: &xla::GetAliveTasksRequest,
+    ) -> Result<(TaskName, TaskSet), CoordError> {
+        self.check_incarnation(m.incarnations.as_ref())
+            .and_then(|()| self.task(m.requesting_task_id, "requesting_task_id"))
+            .and_then(|source| Ok((source, self.task_set(&m.task_ids, "task_ids")?)))
+    }
+
+    /// `coordination/AwaitAlive`: round `generation` of GetAliveTasks over `task_ids`, answered
+    /// from the round's one encoding, as every task's own call of the round is.
+    pub(crate) fn await_alive_call(
+        &self,
+        req: Request<AwaitAliveRequest>,
+    ) -> impl std::future::Future<Output = Result<Response<xla::GetAliveTasksResponse>, Status>> + '_
+    {
+        let this = self;
+        let routed = self.router.route(
+            "coordination/AwaitAlive",
+            Kind::Read,
+            req,
+            move |m, _| {
+                served(async move {
+                    let generation = u64::try_from(m.generation).map_err(|_| {
+                        CoordError::InvalidArgument(format!(
+                            "generation: round {} of GetAliveTasks is negative",
+                            m.generation
+                        ))
+                    })?;
+                    let set = this.task_set(&m.task_ids, "task_ids")?;
+                    let alive = this.coord.await_alive(set, generation).await?;
+                    Ok(Routed::Shared(this.encoded(&alive)))
+                })
+            },
+            |ch, r| async move {
+                let answer = coordination_client(ch).await_alive(r).await?;
+                Ok(answer.map(Routed::Relayed))
+            },
+        );
+        routed.map(answered)
+    }
+
+    /// A round's answer, encoded once for every caller that gets it.
+    fn encoded(&self, alive: &AliveAnswer) -> Arc<AnswerBytes> {
+        self.alive.of(alive, |alive| {
+            AnswerBytes::encode(&xla::GetAliveTasksResponse {
+                alive_task_ids: alive.iter().map(|(t, _)| id_of(t)).collect(),
+                incarnations: alive.iter().map(|(_, i)| *i).collect(),
+                ..Default::default()
+            })
+        })
+    }
+}
+
+/// A routed call's response: the leader's own answer sent from its shared bytes (the message stays
+/// empty: the response layer sends the bytes instead), or the one relayed from the leader.
+fn answered(
+    routed: Result<Response<Routed>, Status>,
+) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
+    Ok(match routed?.into_inner() {
+        Routed::Shared(bytes) => {
+            let mut r = Response::new(xla::GetAliveTasksResponse::default());
+            r.extensions_mut().insert(SharedAnswer(bytes));
+            r
+        }
+        Routed::Relayed(answer) => Response::new(answer),
+    })
 }

@@ -9,15 +9,19 @@
 //!
 //! WaitForAllTasks is the service's own barrier: its arrivals are recorded together the same way
 //! ([`CoordCore::wait_for_all_arrival`]), and the sidecar then fetches the job's devices once, with
-//! one of its tasks' own WaitForAllTasks call, for all of them.
+//! one of its tasks' own WaitForAllTasks call, for all of them. jaxlib's GetAliveTasks, a barrier
+//! over the live tasks of a set, likewise: its asks recorded ([`CoordCore::alive_arrival`]) and
+//! each round waited on once (`CoordCore::await_alive`).
 //!
 //! An arrival is recorded as the task's own Barrier call records it, by the same command, so a
 //! task gets the same answer either way. Recording an arrival again is harmless (an instance keeps
 //! a set of arrivals, and a finished one answers with its outcome), which lets a re-driven call
-//! record its arrivals again without request ids of their own.
+//! record its arrivals again without request ids of their own. A GetAliveTasks ask names no
+//! round, so one recorded again would join the next: each is committed under a request number of
+//! its own, as the task's own call is.
 
-use coord_raft_store::state::{Code, DeviceInfo, Outcome, TaskName};
-use coord_raft_store::{Op, Output};
+use coord_raft_store::state::{Code, DeviceInfo, Outcome, TaskName, TaskSet};
+use coord_raft_store::{Op, Output, RequestId};
 
 use super::{unexpected, CoordCore};
 use crate::error::CoordError;
@@ -60,6 +64,25 @@ impl CoordCore {
         {
             Output::Barrier { counter, outcome } => Ok((counter, outcome)),
             other => Err(unexpected("WaitForAllTasks", &other)),
+        }
+    }
+
+    /// Records one task's GetAliveTasks of `set` as its own call would (under its own request
+    /// id, so that a re-driven arrival is not taken for an ask of the next round), without
+    /// waiting: the round it joined, and whether it finished that round (its answer is kept:
+    /// [`CoordCore::await_alive`] answers it at once).
+    pub async fn alive_arrival(
+        &self,
+        id: Option<RequestId>,
+        named: Result<(TaskName, TaskSet), CoordError>,
+    ) -> Result<(u64, bool), CoordError> {
+        let (source, tasks) = named?;
+        match self
+            .commit(id, Op::GetAliveTasksOf { source, tasks })
+            .await?
+        {
+            Output::Alive { generation, answer } => Ok((generation, answer.is_some())),
+            other => Err(unexpected("GetAliveTasks", &other)),
         }
     }
 

@@ -98,6 +98,48 @@ impl CoordCore {
             } => generation,
             other => return Err(unexpected("GetAliveTasks", &other)),
         };
+        self.park_alive(key, set, generation, epoch, slot).await
+    }
+
+    /// Waits until round `generation` of GetAliveTasks over `set` finishes (one that has not
+    /// started yet is waited for); its answer. A round finished so long ago that its answer is no
+    /// longer kept is FAILED_PRECONDITION: no wait could end.
+    pub async fn await_alive(
+        &self,
+        set: TaskSet,
+        generation: u64,
+    ) -> Result<AliveAnswer, CoordError> {
+        let (epoch, slot) = self
+            .barrier_slot(|| format!("AwaitAlive of round {generation} of {} tasks", set.len()))?;
+        self.read_index.linearize().await?;
+        self.with_cluster(|c| {
+            let now = c.alive.generation(&set);
+            if generation < now && c.alive.answer(&set, generation).is_none() {
+                return Err(CoordError::status(
+                    Code::FailedPrecondition,
+                    format!(
+                        "GetAliveTasks of {} tasks: round {generation} finished long ago and its \
+                         answer is no longer kept (the set is at round {now})",
+                        set.len()
+                    ),
+                ));
+            }
+            Ok(())
+        })??;
+        self.park_alive(alive_wait_key(&set), set, generation, epoch, slot)
+            .await
+    }
+
+    /// Parks on `slot` until round `generation` of `set` (parked under `key`) has its answer; a
+    /// new run of the job ends the wait (`ABORTED`).
+    async fn park_alive(
+        &self,
+        key: String,
+        set: TaskSet,
+        generation: u64,
+        epoch: u64,
+        slot: Slot,
+    ) -> Result<AliveAnswer, CoordError> {
         let key = (key, generation as i64);
         let run = self.reader.read(|a| a.state.runs.current());
         self.park_until(
