@@ -12,11 +12,11 @@
 
 use coord_proto::coord::coordination::{AwaitAliveRequest, BarrierAnswer};
 use coord_proto::xla::coordination as xla;
+use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient as XlaServiceClient;
 use tonic::Status;
 
 use super::arrivals::{Boxed, Gathered, Gatherer};
 use super::barriers::{fetch_undecoded, own_error};
-use super::xla::upstream;
 use crate::client::CoordClient;
 
 /// jaxlib's GetAliveTasks calls, recorded together.
@@ -87,7 +87,10 @@ impl Gathered for XlaAlive {
         Box::pin(async move {
             client
                 .forward(arrival, true, true, |ch, r| async move {
-                    upstream(ch).get_alive_tasks(r).await
+                    XlaServiceClient::new(ch)
+                        .max_decoding_message_size(super::MESSAGE_LIMIT)
+                        .get_alive_tasks(r)
+                        .await
                 })
                 .await
         })

@@ -7,7 +7,7 @@ use super::barriers::XlaBarrierBatches;
 use super::{proxy_service, Call, MESSAGE_LIMIT};
 use crate::client::Channel;
 
-pub(super) fn upstream(ch: Channel) -> CoordinationServiceClient<Channel> {
+fn upstream(ch: Channel) -> CoordinationServiceClient<Channel> {
     CoordinationServiceClient::new(ch)
         .max_decoding_message_size(MESSAGE_LIMIT)
         .max_encoding_message_size(MESSAGE_LIMIT)
