@@ -116,8 +116,12 @@ impl CoordClient {
             arrival_seqs: tickets.iter().map(|t| t.id.seq).collect(),
             arrivals,
         };
+        // Without an attempt timeout, as each task's own GetAliveTasks call is forwarded: every
+        // ask lists the whole job, and a sidecar's asks are many such lists for the leader to read
+        // (at 20,000 tasks, 100 asks a sidecar, the 2 s attempt timeout expired and every re-send
+        // was read again).
         let resp = self
-            .mutate(req, |ch, r| async move {
+            .mutate_parked(req, |ch, r| async move {
                 CoordinationClient::new(ch).xla_alive_arrivals(r).await
             })
             .await;
