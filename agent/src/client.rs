@@ -233,11 +233,14 @@ impl CoordClient {
         self.call_with(req, ticket.as_ref(), limit, f).await
     }
 
-    /// `n` request numbers of this client's session, for the commands one call carries several
-    /// of, each applied once however often the call is sent again; keep the tickets until the
-    /// call is answered.
-    pub(crate) fn tickets(&self, n: usize) -> Vec<coord_proto::metadata::Ticket> {
-        (0..n).map(|_| self.inner.session.begin()).collect()
+    /// `n` request numbers for the commands one call carries several of, each applied once
+    /// however often the call is sent again, and the call's own (the ensemble takes the numbers
+    /// under the call's client id, so all come from one lane of the session); keep the tickets
+    /// until the call is answered.
+    pub(crate) fn tickets(&self, n: usize) -> (Vec<Ticket>, Ticket) {
+        let mut tickets = self.inner.session.begin_many(n + 1);
+        let call = tickets.pop().unwrap_or_else(|| self.inner.session.begin());
+        (tickets, call)
     }
 
     /// A session of request ids under a client id of its own, for [`CoordClient::forward_in`].

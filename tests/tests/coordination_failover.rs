@@ -410,3 +410,90 @@ async fn a_stalled_leader_declares_no_task_dead() {
         "4 s stopped, counted as {stalled:.2} s of stall"
     );
 }
+
+/// A call without a request id (every TensorFlow and jaxlib call) is numbered by the replica it
+/// came in by and keeps its number while it parks. Past 16,384 later writes of that replica's, the
+/// ensemble would forget the parked call's result (it keeps that many per client): re-driven on
+/// the new leader after a kill, the call was refused as a duplicate of one already answered, and a
+/// job of 30,000 jaxlib tasks, each GetAliveTasks call parked, had calls refused so without any
+/// kill. The replica's numbers go in lanes instead, none a window ahead of its oldest call in
+/// flight, and the parked arrival is found again: the barrier passes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_call_outlasts_a_window_of_later_writes_and_the_leader_kill() {
+    const LATER_WRITES: usize = 16_500;
+    // The tasks do not heartbeat: what is tested is the parked call alone.
+    let flags = ["--job", "worker=2", "--heartbeat-timeout-ms", "3600000"];
+    let mut env = Env::start(3, &flags).await;
+    register(&env, 2).await;
+    let leader = leader_of(&mut env).await;
+    let follower = env.cluster.other_than(leader);
+    let at = format!("http://{}", env.cluster.replica(follower).grpc);
+    let ch = Channel::from_shared(at)
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect to the follower");
+    let parked = {
+        let mut c = SidecarClient::new(ch.clone());
+        tokio::spawn(async move {
+            c.barrier(tf::BarrierRequest {
+                barrier_id: "window".into(),
+                barrier_timeout_in_ms: 300_000,
+                tasks: vec![],
+                source_task: Some(w(0)),
+                counter: 0,
+            })
+            .await
+        })
+    };
+    env.wait_parked(1).await;
+    // The later writes, through the same replica, also without ids.
+    let writers: Vec<_> = (0..64)
+        .map(|k| {
+            let mut c = SidecarClient::new(ch.clone());
+            tokio::spawn(async move {
+                for i in (k..LATER_WRITES).step_by(64) {
+                    c.insert_key_value(tf::InsertKeyValueRequest {
+                        kv: Some(tf::KeyValueEntry {
+                            key: format!("window/{i}"),
+                            value: "v".into(),
+                        }),
+                        allow_overwrite: false,
+                    })
+                    .await
+                    .unwrap_or_else(|s| panic!("write {i}: {s:?}"));
+                }
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    for t in writers {
+        t.await.expect("join");
+    }
+    eprintln!("{LATER_WRITES} writes in {:?}", started.elapsed());
+    env.cluster.kill(leader);
+    assert_ne!(leader_of(&mut env).await, leader);
+    // The follower re-drives the parked arrival on the new leader (or on itself), before or after
+    // the other task's arrival passes the barrier for both.
+    assert_eq!(
+        env.client
+            .barrier("window", 0, Duration::from_secs(60), &[], &w(1))
+            .await
+            .expect("the last arrival"),
+        0
+    );
+    let answer = parked.await.expect("join");
+    assert_eq!(
+        answer
+            .expect("the parked arrival, re-driven")
+            .into_inner()
+            .counter,
+        0
+    );
+    let last = env
+        .client
+        .try_get(&format!("window/{}", LATER_WRITES - 1))
+        .await
+        .expect("the last write");
+    assert_eq!(last.as_deref(), Some(&b"v"[..]));
+}

@@ -143,7 +143,7 @@ async fn jaxlib_gets_the_answers_of_its_own_service(release: JaxRelease) {
         0,
         "a task's own Barrier call"
     );
-    let asked = ok_calls(&cluster, "coordination/XlaAliveArrivals");
+    let asked = ok_calls(&cluster, "coordination/XlaAliveAsks");
     let awaited = ok_calls(&cluster, "coordination/AwaitAlive");
     assert!(asked > 0 && awaited > 0, "asks {asked}, waits {awaited}");
     assert_eq!(

@@ -337,8 +337,25 @@ async fn a_task_may_act_only_as_itself() {
             requesting_task_id: 1,
             ..Default::default()
         };
-        let e = as0.xla_alive_arrivals(vec![a]).await.expect_err("alive");
+        let e = as0
+            .xla_alive_arrivals(vec![a.clone()])
+            .await
+            .expect_err("alive");
         assert_denied(&e, &["arrivals[0].requesting_task_id", "task worker/1"]);
+        let asks = coord_proto::coord::coordination::XlaAliveAsksRequest {
+            sets: vec![Default::default()],
+            asks: vec![
+                xla::GetAliveTasksRequest {
+                    requesting_task_id: 0,
+                    ..Default::default()
+                },
+                a,
+            ],
+            set: vec![0, 0],
+            ask_seqs: vec![],
+        };
+        let e = as0.xla_alive_asks(asks).await.expect_err("asks");
+        assert_denied(&e, &["asks[1].requesting_task_id", "task worker/1"]);
         // A task may not reconfigure the ensemble.
         let err = as0.remove_member(3).await.expect_err("member remove");
         assert_denied(&err, &["RemoveMember", "not allowed to a task"]);

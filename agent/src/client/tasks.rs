@@ -11,7 +11,7 @@ use coord_proto::coord::coordination::{
     AwaitAliveRequest, AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, Beat,
     BeatAnswer, GetTaskStateRequest, GetTaskStateResponse, HeartbeatsRequest, PollForErrorRequest,
     PollForErrorResponse, WaitForAllTasksArrivalsRequest, XlaAliveArrivalsRequest,
-    XlaBarrierArrivalsRequest,
+    XlaAliveAsksRequest, XlaBarrierArrivalsRequest,
 };
 use coord_proto::tensorflow as tf;
 use coord_proto::xla::coordination as xla;
@@ -111,7 +111,7 @@ impl CoordClient {
         &self,
         arrivals: Vec<xla::GetAliveTasksRequest>,
     ) -> Result<Vec<BarrierAnswer>, Status> {
-        let tickets = self.tickets(arrivals.len());
+        let (tickets, call) = self.tickets(arrivals.len());
         let req = XlaAliveArrivalsRequest {
             arrival_seqs: tickets.iter().map(|t| t.id.seq).collect(),
             arrivals,
@@ -121,11 +121,29 @@ impl CoordClient {
         // (at 20,000 tasks, 100 asks a sidecar, the 2 s attempt timeout expired and every re-send
         // was read again).
         let resp = self
-            .mutate_parked(req, |ch, r| async move {
+            .call_parked(req, Some(&call), |ch, r| async move {
                 CoordinationClient::new(ch).xla_alive_arrivals(r).await
             })
             .await;
-        drop(tickets);
+        drop((tickets, call));
+        Ok(resp?.answers)
+    }
+
+    /// As [`Self::xla_alive_arrivals`], each set asked about sent once (`req` as coord-proxy
+    /// builds it, its `ask_seqs` left to this client).
+    pub async fn xla_alive_asks(
+        &self,
+        mut req: XlaAliveAsksRequest,
+    ) -> Result<Vec<BarrierAnswer>, Status> {
+        let (tickets, call) = self.tickets(req.asks.len());
+        req.ask_seqs = tickets.iter().map(|t| t.id.seq).collect();
+        // Without an attempt timeout, as XlaAliveArrivals.
+        let resp = self
+            .call_parked(req, Some(&call), |ch, r| async move {
+                CoordinationClient::new(ch).xla_alive_asks(r).await
+            })
+            .await;
+        drop((tickets, call));
         Ok(resp?.answers)
     }
 

@@ -44,12 +44,16 @@ pub type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A kind of call whose arrivals are recorded together.
 pub trait Gathered: Send + Sync + 'static {
-    /// A task's own request.
-    type Req: prost::Message + Clone + Send + Sync + 'static;
+    /// A task's own request (or what the proxy reads it into).
+    type Req: Clone + Send + Sync + 'static;
     /// What its own call answers.
     type Answer: Clone + Send + 'static;
     /// What one shared answer is for: the instance waited on (and the form of its answer).
     type Key: Hash + Eq + Clone + Send + Sync + 'static;
+
+    /// What `arrival` adds to a call: its own bytes, and a part it may share with the call's
+    /// other arrivals, counted once a call (an identity, and its bytes).
+    fn size(arrival: &Self::Req) -> Size;
 
     /// Records `arrivals` in one call: one answer per arrival, in order.
     fn record(
@@ -72,6 +76,14 @@ pub trait Gathered: Send + Sync + 'static {
 
     /// One task's call forwarded on its own.
     fn alone(client: CoordClient, arrival: Self::Req) -> Boxed<Result<Self::Answer, Status>>;
+}
+
+/// What an arrival adds to a call (see [`Gathered::size`]).
+pub type Size = (usize, Option<(usize, usize)>);
+
+/// The size of an arrival that is a message of its own, sharing nothing.
+pub fn own_size<M: prost::Message>(m: &M) -> Size {
+    (m.encoded_len(), None)
 }
 
 type Reply<G> = oneshot::Sender<Result<<G as Gathered>::Answer, Status>>;
@@ -189,7 +201,7 @@ async fn send_queued<G: Gathered>(shared: &Arc<Shared<G>>, client: &CoordClient)
                 state.sending = false;
                 return;
             }
-            let n = batch_len(&state.queued);
+            let n = batch_len(&state.queued, G::size);
             state.queued.drain(..n).collect::<Vec<_>>()
         };
         shared.calls.fetch_add(1, Ordering::Relaxed);
@@ -198,14 +210,22 @@ async fn send_queued<G: Gathered>(shared: &Arc<Shared<G>>, client: &CoordClient)
 }
 
 /// How many of the `queued` arrivals the next call carries: at least one, at most [`MAX_BATCH`]
-/// and [`MAX_BATCH_BYTES`].
-fn batch_len<R: prost::Message, T>(queued: &[(R, T)]) -> usize {
+/// and [`MAX_BATCH_BYTES`] (a part arrivals share counted once).
+fn batch_len<R, T>(queued: &[(R, T)], size: impl Fn(&R) -> Size) -> usize {
     let mut bytes = 0;
+    let mut shared: Vec<usize> = Vec::new();
     let fit = queued
         .iter()
         .take(MAX_BATCH)
         .take_while(|(req, _)| {
-            bytes += req.encoded_len();
+            let (own, part) = size(req);
+            bytes += own;
+            if let Some((id, part_bytes)) = part {
+                if !shared.contains(&id) {
+                    shared.push(id);
+                    bytes += part_bytes;
+                }
+            }
             bytes <= MAX_BATCH_BYTES
         })
         .count();
@@ -313,13 +333,26 @@ mod tests {
 
     #[test]
     fn a_batch_is_capped_by_count_and_by_bytes() {
-        assert_eq!(batch_len(&queued(3, 10)), 3);
-        assert_eq!(batch_len(&queued(MAX_BATCH + 5, 10)), MAX_BATCH);
+        let len = |q: &[(BarrierRequest, ())]| batch_len(q, own_size);
+        assert_eq!(len(&queued(3, 10)), 3);
+        assert_eq!(len(&queued(MAX_BATCH + 5, 10)), MAX_BATCH);
         // 1 MiB arrivals: two fit in one call.
-        assert_eq!(batch_len(&queued(5, 1 << 20)), 1);
-        assert_eq!(batch_len(&queued(5, (1 << 20) - 16)), 2);
+        assert_eq!(len(&queued(5, 1 << 20)), 1);
+        assert_eq!(len(&queued(5, (1 << 20) - 16)), 2);
         // One arrival over the cap still goes, alone.
-        assert_eq!(batch_len(&queued(2, 3 << 20)), 1);
-        assert_eq!(batch_len::<BarrierRequest, ()>(&[]), 0);
+        assert_eq!(len(&queued(2, 3 << 20)), 1);
+        assert_eq!(len(&[]), 0);
+    }
+
+    /// Arrivals sharing a part (the set GetAliveTasks asks about) count it once a call.
+    #[test]
+    fn a_shared_part_is_counted_once() {
+        let part = 768 << 10;
+        let q: Vec<((usize, usize), ())> = [0, 1, 0, 2].map(|id| ((id, part), ())).to_vec();
+        let len = |q: &[((usize, usize), ())]| batch_len(q, |&(id, bytes)| (10, Some((id, bytes))));
+        // Parts 0 and 1 fit (1.5 MiB); the third arrival shares part 0; part 2 would pass 2 MiB.
+        assert_eq!(len(&q), 3);
+        let one: Vec<_> = (0..100).map(|_| ((7, 1 << 20), ())).collect();
+        assert_eq!(len(&one), 100);
     }
 }

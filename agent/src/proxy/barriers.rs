@@ -16,7 +16,7 @@ use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient as XlaServiceClient;
 use tonic::Status;
 
-use super::arrivals::{Boxed, Gathered, Gatherer};
+use super::arrivals::{own_size, Boxed, Gathered, Gatherer, Size};
 use super::final_status;
 use crate::client::CoordClient;
 
@@ -74,6 +74,10 @@ impl Gathered for Barriers {
     type Answer = tf::BarrierResponse;
     /// The instance: barrier id and counter.
     type Key = (String, i64);
+
+    fn size(arrival: &tf::BarrierRequest) -> Size {
+        own_size(arrival)
+    }
 
     fn record(
         client: CoordClient,
@@ -135,6 +139,10 @@ impl Gathered for XlaBarriers {
     type Answer = xla::BarrierResponse;
     /// The instance: barrier id and counter.
     type Key = (String, i64);
+
+    fn size(arrival: &xla::BarrierRequest) -> Size {
+        own_size(arrival)
+    }
 
     fn record(
         client: CoordClient,
@@ -209,6 +217,10 @@ impl Gathered for WaitsForAll {
     /// The form of the answer: the job gathers once per run, and the answer's devices are the
     /// same for every task.
     type Key = u8;
+
+    fn size(arrival: &tf::WaitForAllTasksRequest) -> Size {
+        own_size(arrival)
+    }
 
     fn record(
         client: CoordClient,

@@ -61,6 +61,7 @@ pub use namespace_limits::{name_problem, NamespaceLimits, DEFAULT_NAMESPACE, MAX
 pub use namespaces::{not_found as namespace_not_found, Namespace, Namespaces};
 pub use quota::Quota;
 pub use runs::JobRuns;
+pub use sessions::MAX_RESULTS_PER_SESSION;
 pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
 pub use space::Space;
 pub use task_set::TaskSet;

@@ -17,8 +17,12 @@ use crate::error::{OpError, RequestId};
 pub const SESSION_IDLE_TTL_MS: u64 = 60 * 60 * 1000;
 /// Expired sessions are looked for at most this often.
 const SWEEP_INTERVAL_MS: u64 = 60 * 1000;
-/// A client that never acknowledges cannot make the table grow without bound.
-const MAX_RESULTS_PER_SESSION: usize = 16 * 1024;
+/// A client that never acknowledges cannot make the table grow without bound. Past this the
+/// oldest results are forgotten, and their requests, if they come again, refused as late
+/// duplicates: coord's clients keep their requests within a window under it
+/// (`coord_proto::metadata::REQUEST_WINDOW`). A deterministic part of apply: every replica must
+/// agree on it.
+pub const MAX_RESULTS_PER_SESSION: usize = 16 * 1024;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionTable {

@@ -8,8 +8,9 @@
 //! them together ([`Coordination::heartbeats`]); each is answered as its own call would have been.
 //! Likewise its tasks' barrier arrivals are recorded together, and it waits on each instance with
 //! one call ([`Coordination::barrier_arrivals`], [`Coordination::await_barrier`], see
-//! `serve::coordination::arrivals`), and jaxlib's GetAliveTasks asks, waited on per round
-//! ([`Coordination::xla_alive_arrivals`], [`Coordination::await_alive`]).
+//! `serve::coordination::arrivals`), and jaxlib's GetAliveTasks asks, each set they ask about
+//! sent once, waited on per round ([`Coordination::xla_alive_asks`], [`Coordination::await_alive`];
+//! [`Coordination::xla_alive_arrivals`] is the earlier form, each ask with its own list).
 
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
 use coord_proto::tensorflow as tf;
 use coord_proto::xla::coordination as xla;
-use coord_raft_store::state::{Outcome, TaskName};
+use coord_raft_store::state::{Outcome, TaskName, TaskSet};
 use coord_raft_store::RequestId;
 use tonic::{Request, Response, Status};
 
@@ -99,25 +100,73 @@ impl CoordService {
     }
 }
 
-/// Checks that `XlaAliveArrivals` numbers its arrivals as it must: one number per arrival or
-/// none, and numbers only under a request id of the caller's own (a replica would number the
-/// arrivals under its own client, where they could be taken for its other requests).
-fn numbered(req: &Request<pb::XlaAliveArrivalsRequest>) -> Result<(), Status> {
+/// Checks that `XlaAliveArrivals` numbers its arrivals as it must (see [`numbered`]).
+fn arrivals_numbered(req: &Request<pb::XlaAliveArrivalsRequest>) -> Result<(), Status> {
     let m = req.get_ref();
-    let (seqs, arrivals) = (m.arrival_seqs.len(), m.arrivals.len());
-    if seqs == 0 {
+    numbered(
+        req,
+        "arrival_seqs",
+        m.arrival_seqs.len(),
+        "arrivals",
+        m.arrivals.len(),
+    )
+}
+
+/// Checks an `XlaAliveAsks` call: its asks numbered as they must be (see [`numbered`]), each
+/// naming its set by an index `sets` has and listing no tasks of its own.
+fn asks_well_formed(req: &Request<pb::XlaAliveAsksRequest>) -> Result<(), Status> {
+    let m = req.get_ref();
+    numbered(req, "ask_seqs", m.ask_seqs.len(), "asks", m.asks.len())?;
+    if m.set.len() != m.asks.len() {
+        return Err(Status::invalid_argument(format!(
+            "set: {} set indices for {} asks; send one per ask",
+            m.set.len(),
+            m.asks.len()
+        )));
+    }
+    if let Some((i, k)) = m
+        .set
+        .iter()
+        .enumerate()
+        .find(|(_, &k)| k as usize >= m.sets.len())
+    {
+        return Err(Status::invalid_argument(format!(
+            "set[{i}]: no set #{k}: the call sends {} sets",
+            m.sets.len()
+        )));
+    }
+    if let Some(i) = m.asks.iter().position(|a| !a.task_ids.is_empty()) {
+        return Err(Status::invalid_argument(format!(
+            "asks[{i}].task_ids: leave it empty; the tasks asked about are sets[set[{i}]]"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a call numbering the commands it carries (`what`, `n` of them) under its own
+/// client does so as it must: one number per command (`seqs`, `numbers` of them) or none, and
+/// numbers only under a request id of the caller's own (a replica would number them under its
+/// own client, where they could be taken for its other requests).
+fn numbered<T>(
+    req: &Request<T>,
+    seqs: &str,
+    numbers: usize,
+    what: &str,
+    n: usize,
+) -> Result<(), Status> {
+    if numbers == 0 {
         return Ok(());
     }
-    if seqs != arrivals {
+    if numbers != n {
         return Err(Status::invalid_argument(format!(
-            "arrival_seqs: {seqs} numbers for {arrivals} arrivals; send one per arrival, or none"
+            "{seqs}: {numbers} numbers for {n} {what}; send one per item, or none"
         )));
     }
     match request_id::from_metadata(req.metadata()).map_err(Status::from)? {
         Some(_) => Ok(()),
         None => Err(Status::invalid_argument(format!(
-            "arrival_seqs number the arrivals under the call's client, but the call carries no \
-             {} metadata",
+            "{seqs} number the {what} under the call's client, but the call carries no {} \
+             metadata",
             coord_proto::metadata::REQUEST_ID
         ))),
     }
@@ -150,6 +199,10 @@ const XLA_ARRIVALS: Items = Items::new("arrivals", "source_task_id", MAX_ARRIVAL
 
 /// The arrivals of [`Coordination::xla_alive_arrivals`].
 const XLA_ALIVE_ARRIVALS: Items = Items::new("arrivals", "requesting_task_id", MAX_ARRIVALS);
+
+/// The asks of [`Coordination::xla_alive_asks`], and the sets they ask about.
+const XLA_ALIVE_ASKS: Items = Items::new("asks", "requesting_task_id", MAX_ARRIVALS);
+const XLA_ALIVE_SETS: Items = Items::new("sets", "", MAX_ARRIVALS);
 
 /// Most heartbeats one call may carry: a sidecar carries the tasks of one host, and a call this
 /// large still answers in a few milliseconds.
@@ -286,18 +339,66 @@ async fn xla_arrival_answer(
     .await
 }
 
-/// Records one of jaxlib's GetAliveTasks arrivals as the task's own call would (see
-/// [`XlaService::alive_named`]), under request id `id`; its answer: the round it joined.
+/// Records one of jaxlib's GetAliveTasks asks, the task and set it `named` (or the error reading
+/// them ended with), under request id `id`; its answer: the round it joined.
 async fn xla_alive_answer(
     core: &CoordCore,
-    xla: &XlaService,
-    a: xla::GetAliveTasksRequest,
+    named: Result<(TaskName, TaskSet), CoordError>,
     id: Option<RequestId>,
 ) -> Result<pb::BarrierAnswer, CoordError> {
-    let recorded = core.alive_arrival(id, xla.alive_named(&a)).await;
+    let recorded = core.alive_arrival(id, named).await;
     let round = recorded
         .map(|(generation, finished)| (generation as i64, finished.then_some(Outcome::Passed)));
     arrival_outcome(round, 0, detailed)
+}
+
+/// Records each of `m`'s asks as the task's own GetAliveTasks call records it (see
+/// [`XlaService::alive_named_with`]), each under its number in `ask_seqs` under the call's client
+/// (`id`), each set read once for all the asks about it; their answers, in order.
+async fn alive_asks_answered(
+    core: &CoordCore,
+    xla: &XlaService,
+    m: pb::XlaAliveAsksRequest,
+    id: Option<RequestId>,
+) -> Result<pb::BarrierArrivalsResponse, CoordError> {
+    // A set that is not the job's is read again for each ask's own error.
+    let read: Vec<Option<TaskSet>> = (m.sets.iter())
+        .map(|s| xla.alive_set(&s.task_ids).ok())
+        .collect();
+    let (sets, set_of, seqs) = (m.sets, m.set, m.ask_seqs);
+    let recorded = m.asks.into_iter().enumerate().map(|(i, a)| {
+        let own = id
+            .zip(seqs.get(i))
+            .map(|(id, &seq)| RequestId { seq, ..id });
+        let k = set_of.get(i).map_or(usize::MAX, |&k| k as usize);
+        let named = xla.alive_named_with(&a, || match (read.get(k), sets.get(k)) {
+            (Some(Some(set)), _) => Ok(set.clone()),
+            (_, Some(listed)) => xla.alive_set(&listed.task_ids),
+            _ => Err(CoordError::InvalidArgument(format!(
+                "set[{i}]: no set #{k}"
+            ))),
+        });
+        xla_alive_answer(core, named, own)
+    });
+    all_answered(recorded).await
+}
+
+/// `XlaAliveArrivals`' arrivals as the asks of an `XlaAliveAsks` call: each arrival's list a set
+/// of its own.
+fn arrivals_as_asks(m: pb::XlaAliveArrivalsRequest) -> pb::XlaAliveAsksRequest {
+    let n = m.arrivals.len() as u32;
+    let (sets, asks) = (m.arrivals.into_iter())
+        .map(|mut a| {
+            let task_ids = std::mem::take(&mut a.task_ids);
+            (pb::AliveSet { task_ids }, a)
+        })
+        .unzip();
+    pb::XlaAliveAsksRequest {
+        sets,
+        asks,
+        set: (0..n).collect(),
+        ask_seqs: m.arrival_seqs,
+    }
 }
 
 /// Records a barrier arrival of the task and participants `named` (or the error naming them
@@ -468,7 +569,8 @@ impl Coordination for CoordService {
     }
 
     /// Each arrival as jaxlib's GetAliveTasks records it (`api::xla`), under its own request
-    /// number, and the same check of the caller.
+    /// number, and the same check of the caller: as [`Self::xla_alive_asks`], each arrival's list
+    /// a set of its own.
     async fn xla_alive_arrivals(
         &self,
         req: Request<pb::XlaAliveArrivalsRequest>,
@@ -476,24 +578,37 @@ impl Coordination for CoordService {
         const METHOD: &str = "coordination/XlaAliveArrivals";
         let ids = req.get_ref().arrivals.iter().map(|a| a.requesting_task_id);
         self.admit_xla(&req, METHOD, XLA_ALIVE_ARRIVALS, ids.collect())?;
-        self.router.checked(METHOD, numbered(&req))?;
+        self.router.checked(METHOD, arrivals_numbered(&req))?;
         let (core, xla) = (&*self.core, &*self.xla);
         self.router
             .route(
                 METHOD,
                 Kind::Write,
                 req,
-                |m, id| {
-                    let seqs = m.arrival_seqs;
-                    let recorded = m.arrivals.into_iter().enumerate().map(move |(i, a)| {
-                        let own = id
-                            .zip(seqs.get(i))
-                            .map(|(id, &seq)| RequestId { seq, ..id });
-                        xla_alive_answer(core, xla, a, own)
-                    });
-                    all_answered(recorded)
-                },
+                |m, id| alive_asks_answered(core, xla, arrivals_as_asks(m), id),
                 |ch, r| async move { client(ch).xla_alive_arrivals(r).await },
+            )
+            .await
+    }
+
+    /// jaxlib's GetAliveTasks asks, each set read once for all the asks about it.
+    async fn xla_alive_asks(
+        &self,
+        req: Request<pb::XlaAliveAsksRequest>,
+    ) -> Result<Response<pb::BarrierArrivalsResponse>, Status> {
+        const METHOD: &str = "coordination/XlaAliveAsks";
+        let ids = req.get_ref().asks.iter().map(|a| a.requesting_task_id);
+        self.admit_xla(&req, METHOD, XLA_ALIVE_ASKS, ids.collect())?;
+        self.admit_count(METHOD, XLA_ALIVE_SETS, req.get_ref().sets.len())?;
+        self.router.checked(METHOD, asks_well_formed(&req))?;
+        let (core, xla) = (&*self.core, &*self.xla);
+        self.router
+            .route(
+                METHOD,
+                Kind::Write,
+                req,
+                |m, id| alive_asks_answered(core, xla, m, id),
+                |ch, r| async move { client(ch).xla_alive_asks(r).await },
             )
             .await
     }

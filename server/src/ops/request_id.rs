@@ -42,8 +42,16 @@ pub fn to_request_id(w: &WireRequestId) -> RequestId {
     }
 }
 
+// The ensemble must never forget a result a client's request window still covers.
+const _: () = assert!(
+    coord_proto::metadata::REQUEST_WINDOW < coord_raft_store::state::MAX_RESULTS_PER_SESSION as u64
+);
+
 /// This replica acting as the client of requests that came without an id; a fresh random client
-/// id per process, so sequence numbers may restart after a restart.
+/// id per process, so sequence numbers may restart after a restart. Its requests may stay in
+/// flight for as long as the tasks' calls park (30,000 GetAliveTasks calls of jaxlib's, each
+/// waiting for the last): the session's lanes keep each client id within what the ensemble
+/// remembers of it.
 pub fn local_session() -> Arc<RequestSession> {
     RequestSession::new(rand::random::<u64>() | 1)
 }

@@ -53,6 +53,11 @@ pub struct Args {
     /// Leader CPU is read over this long, in ms, with the tasks only heartbeating.
     #[arg(long, default_value_t = 15_000)]
     pub cpu_window_ms: u64,
+    /// Jobs larger than this make no round of each task's own GetAliveTasks call, only the
+    /// round through sidecars: every own call lists the whole job, so a round of N of them is N²
+    /// task ids in the requests (100,000 tasks: some 30 GB, which this process cannot hold).
+    #[arg(long, default_value_t = 30_000)]
+    pub own_alive_max: usize,
     /// Extra flags for every coord replica (e.g. --coord-arg=--election-timeout-max-ms=3000).
     #[arg(long = "coord-arg")]
     pub coord_args: Vec<String>,
@@ -119,7 +124,29 @@ pub struct Measured {
     pub heartbeat_cpu_cores: f64,
     pub heartbeat_log: LogGrowth,
     pub heartbeat_errors: u64,
-    /// GetAliveTasks: from the last task's call to every task's answer.
+    /// GetAliveTasks with each task's own call (none above `--own-alive-max`).
+    pub own_alive: Option<OwnAlive>,
+    /// The next round, through a sidecar per connection.
+    pub through_sidecars: super::xla_sidecars::SidecarRound,
+    /// An XLA Barrier of the whole job, each task's own call: from the last arrival to every
+    /// task's answer.
+    pub barrier: Duration,
+    /// The same barrier again through the sidecars.
+    pub barrier_through_sidecars: super::xla_sidecars::SidecarRound,
+    pub leader_rss_before: u64,
+    pub leader_rss_registered: u64,
+    /// With every GetAliveTasks call but the last parked (0 without the round of own calls).
+    pub leader_rss_parked: u64,
+    /// Before the barrier, and with every task's own Barrier call but the last parked.
+    pub leader_rss_before_barrier: u64,
+    pub leader_rss_barrier_parked: u64,
+    pub leader_rss_after: u64,
+    pub elections: u64,
+}
+
+/// The round of each task's own GetAliveTasks call.
+pub struct OwnAlive {
+    /// From the last task's call to every task's answer.
     pub alive: Duration,
     /// The answers of every task but the one that decodes its own, as they crossed the wire.
     pub alive_wire_bytes: u64,
@@ -127,14 +154,6 @@ pub struct Measured {
     pub alive_listed: usize,
     pub alive_answer_bytes: usize,
     pub alive_log: LogGrowth,
-    /// The next round, through a sidecar per connection.
-    pub through_sidecars: super::xla_sidecars::SidecarRound,
-    pub leader_rss_before: u64,
-    pub leader_rss_registered: u64,
-    /// With every GetAliveTasks call but the last parked.
-    pub leader_rss_parked: u64,
-    pub leader_rss_after: u64,
-    pub elections: u64,
 }
 
 /// Runs `coord-bench xla-scale`; a size that fails is reported and the next one still runs.
@@ -298,89 +317,174 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     // is timed until every task has its answer. Task 0 decodes its answer (to check that it
     // lists the whole job alive); the others only count theirs.
     let all: Arc<Vec<i32>> = Arc::new((0..tasks).map(id).collect());
-    let request = |i: usize| xla::GetAliveTasksRequest {
-        incarnations: incarnations(i, service),
-        requesting_task_id: id(i),
-        task_ids: all.as_ref().clone(),
-    };
-    let ask = |i: usize| {
-        let req = request(i);
-        let ch = channel(i).clone();
-        Spawned::new(async move {
-            if i == 0 {
-                let answer = client(&ch).get_alive_tasks(req).await?.into_inner();
-                let size = prost::Message::encoded_len(&answer);
-                Ok::<_, tonic::Status>((
-                    Instant::now(),
-                    0,
-                    Some((answer.alive_task_ids.len(), size)),
-                ))
-            } else {
-                let bytes = call_size(ch, GET_ALIVE_TASKS, tonic::Request::new(req)).await?;
-                Ok((Instant::now(), bytes.into_inner() as u64, None))
-            }
-        })
-    };
-    let before_alive = mark()?;
-    let alive_started = Instant::now();
-    let already_parked = parked();
-    let early: Vec<_> = (0..tasks - 1).map(ask).collect();
-    let early = within(
-        "GetAliveTasks (the first N-1 parking)",
-        &still_leading,
-        parked_until(
-            early,
-            &parked,
-            already_parked + (tasks - 1) as u64,
-            "GetAliveTasks",
-        ),
-    )
-    .await
-    .map_err(|e| wrote(e, before_alive, alive_started))?;
-    let leader_rss_parked = rss_bytes(pid).unwrap_or(0);
-    let last_call = Instant::now();
-    let (alive_wire_bytes, decoded, answered) = within("GetAliveTasks", &still_leading, async {
-        let mut bytes = 0;
-        let mut decoded = None;
-        let mut answered = last_call;
-        for (i, call) in early.into_iter().chain([ask(tasks - 1)]).enumerate() {
-            let (at, b, d) = call
-                .join()
-                .await?
-                .map_err(|e| format!("GetAliveTasks of task {i}: {e}"))?;
-            bytes += b;
-            decoded = decoded.or(d);
-            answered = answered.max(at);
+    let mut leader_rss_parked = 0;
+    let own_alive = if tasks <= args.own_alive_max {
+        let request = |i: usize| xla::GetAliveTasksRequest {
+            incarnations: incarnations(i, service),
+            requesting_task_id: id(i),
+            task_ids: all.as_ref().clone(),
+        };
+        let ask = |i: usize| {
+            let req = request(i);
+            let ch = channel(i).clone();
+            Spawned::new(async move {
+                if i == 0 {
+                    let answer = client(&ch).get_alive_tasks(req).await?.into_inner();
+                    let size = prost::Message::encoded_len(&answer);
+                    Ok::<_, tonic::Status>((
+                        Instant::now(),
+                        0,
+                        Some((answer.alive_task_ids.len(), size)),
+                    ))
+                } else {
+                    let bytes = call_size(ch, GET_ALIVE_TASKS, tonic::Request::new(req)).await?;
+                    Ok((Instant::now(), bytes.into_inner() as u64, None))
+                }
+            })
+        };
+        let before_alive = mark()?;
+        let alive_started = Instant::now();
+        let already_parked = parked();
+        let early: Vec<_> = (0..tasks - 1).map(ask).collect();
+        let early = within(
+            "GetAliveTasks (the first N-1 parking)",
+            &still_leading,
+            parked_until(
+                early,
+                &parked,
+                already_parked + (tasks - 1) as u64,
+                "GetAliveTasks",
+            ),
+        )
+        .await
+        .map_err(|e| wrote(e, before_alive, alive_started))?;
+        leader_rss_parked = rss_bytes(pid).unwrap_or(0);
+        let last_call = Instant::now();
+        let (alive_wire_bytes, decoded, answered) =
+            within("GetAliveTasks", &still_leading, async {
+                let mut bytes = 0;
+                let mut decoded = None;
+                let mut answered = last_call;
+                for (i, call) in early.into_iter().chain([ask(tasks - 1)]).enumerate() {
+                    let (at, b, d) = call
+                        .join()
+                        .await?
+                        .map_err(|e| format!("GetAliveTasks of task {i}: {e}"))?;
+                    bytes += b;
+                    decoded = decoded.or(d);
+                    answered = answered.max(at);
+                }
+                Ok((bytes, decoded, answered))
+            })
+            .await
+            .map_err(|e| wrote(e, before_alive, alive_started))?;
+        let alive = answered.duration_since(last_call);
+        let alive_log = before_alive.to(mark()?);
+        let (alive_listed, alive_answer_bytes) = decoded.ok_or("task 0 got no answer")?;
+        if alive_listed != tasks {
+            return Err(format!(
+                "GetAliveTasks listed {alive_listed} of {tasks} tasks alive"
+            ));
         }
-        Ok((bytes, decoded, answered))
-    })
-    .await
-    .map_err(|e| wrote(e, before_alive, alive_started))?;
-    let alive = answered.duration_since(last_call);
-    let alive_log = before_alive.to(mark()?);
-    let leader_rss_after = rss_bytes(pid).unwrap_or(0);
-    let (alive_listed, alive_answer_bytes) = decoded.ok_or("task 0 got no answer")?;
-    if alive_listed != tasks {
-        return Err(format!(
-            "GetAliveTasks listed {alive_listed} of {tasks} tasks alive"
-        ));
-    }
-    eprintln!(
-        "GetAliveTasks answered every task {alive:?} after the last call ({})",
-        mb(alive_wire_bytes)
-    );
+        eprintln!(
+            "GetAliveTasks answered every task {alive:?} after the last call ({})",
+            mb(alive_wire_bytes)
+        );
+        Some(OwnAlive {
+            alive,
+            alive_wire_bytes,
+            alive_listed,
+            alive_answer_bytes,
+            alive_log,
+        })
+    } else {
+        eprintln!(
+            "no round of each task's own GetAliveTasks call above {} tasks (--own-alive-max)",
+            args.own_alive_max
+        );
+        None
+    };
     // The next round, each connection's tasks carried by a sidecar.
     let endpoints = cluster.endpoints();
     let through = within(
         "GetAliveTasks through sidecars",
         &still_leading,
-        super::xla_sidecars::alive_round(&endpoints, connections, tasks, request, &parked),
+        super::xla_sidecars::alive_round(
+            &endpoints,
+            connections,
+            tasks,
+            all.to_vec(),
+            |i| (incarnations(i, service), id(i)),
+            &parked,
+        ),
     )
     .await?;
     eprintln!(
         "GetAliveTasks through sidecars answered every task {:?} after the last ask (the \
          sidecars had it after {:?} to {:?})",
         through.answered, through.first_sidecar_had_it, through.sidecars_had_it
+    );
+
+    // An XLA Barrier of the whole job (jax's `sync_global_devices`), each task's own call: all
+    // but the last park, the last is timed until every task passed. Then the same barrier again,
+    // through the sidecars.
+    let arrival = |i: usize, barrier_id: &str| xla::BarrierRequest {
+        incarnations: incarnations(i, service),
+        barrier_id: barrier_id.to_string(),
+        barrier_timeout_in_ms: PHASE_LIMIT.as_millis() as i64,
+        task_ids: Vec::new(),
+        source_task_id: id(i),
+        counter: 0,
+    };
+    let arrive = |i: usize| {
+        let (mut c, req) = (client(channel(i)), arrival(i, "xla-scale/own"));
+        Spawned::new(async move { c.barrier(req).await.map(|_| Instant::now()) })
+    };
+    let leader_rss_before_barrier = rss_bytes(pid).unwrap_or(0);
+    let already_parked = parked();
+    let early: Vec<_> = (0..tasks - 1).map(arrive).collect();
+    let early = within(
+        "Barrier (the first N-1 parking)",
+        &still_leading,
+        parked_until(
+            early,
+            &parked,
+            already_parked + (tasks - 1) as u64,
+            "Barrier",
+        ),
+    )
+    .await?;
+    let leader_rss_barrier_parked = rss_bytes(pid).unwrap_or(0);
+    let last_arrival = Instant::now();
+    let released = within("Barrier", &still_leading, async {
+        let mut released = last_arrival;
+        for (i, call) in early.into_iter().chain([arrive(tasks - 1)]).enumerate() {
+            let at = call
+                .join()
+                .await?
+                .map_err(|e| format!("Barrier of task {i}: {e}"))?;
+            released = released.max(at);
+        }
+        Ok(released)
+    })
+    .await?;
+    let barrier = released.duration_since(last_arrival);
+    eprintln!("Barrier passed every task {barrier:?} after the last arrival");
+    let barrier_through_sidecars = within(
+        "Barrier through sidecars",
+        &still_leading,
+        super::xla_sidecars::barrier_round(
+            &endpoints,
+            connections,
+            tasks,
+            |i| arrival(i, "xla-scale/sidecars"),
+            &parked,
+        ),
+    )
+    .await?;
+    eprintln!(
+        "Barrier through sidecars passed every task {:?} after the last arrival",
+        barrier_through_sidecars.answered
     );
     drop(beats);
     still_leading()?;
@@ -395,16 +499,16 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         heartbeat_cpu_cores,
         heartbeat_log,
         heartbeat_errors: heartbeat_errors.load(Ordering::Relaxed),
-        alive,
-        alive_wire_bytes,
-        alive_listed,
-        alive_answer_bytes,
-        alive_log,
+        own_alive,
         through_sidecars: through,
+        barrier,
+        barrier_through_sidecars,
         leader_rss_before,
         leader_rss_registered,
         leader_rss_parked,
-        leader_rss_after,
+        leader_rss_before_barrier,
+        leader_rss_barrier_parked,
+        leader_rss_after: rss_bytes(pid).unwrap_or(0),
         elections: after.term - term_before,
     })
 }
@@ -526,56 +630,78 @@ fn print(runs: &[Measured], no_gzip: bool) {
     });
     row("... failed heartbeats", &|m| m.heartbeat_errors.to_string());
     let gzip = if no_gzip { "" } else { ", gzip accepted" };
+    let per_call = |m: &Measured, from: u64, to: u64| {
+        let grown = to.saturating_sub(from);
+        format!("{:.1} KB", grown as f64 / (m.tasks.max(2) - 1) as f64 / 1e3)
+    };
+    let own_alive = |m: &Measured, cell: &dyn Fn(&OwnAlive) -> String| {
+        m.own_alive.as_ref().map_or("not run".to_string(), cell)
+    };
     row(
-        &format!("GetAliveTasks of all by all{gzip}: every answer after the last call"),
+        &format!("GetAliveTasks of all by all{gzip}, each task's own call: every answer after the last call"),
         &|m| {
-            format!(
-                "{:.2} s ({} on the wire for {} answers; one is {:.1} KB decoded, {} alive)",
-                m.alive.as_secs_f64(),
-                mb(m.alive_wire_bytes),
-                m.tasks - 1,
-                m.alive_answer_bytes as f64 / 1e3,
-                m.alive_listed
-            )
+            own_alive(m, &|a| {
+                format!(
+                    "{:.2} s ({} on the wire for {} answers; one is {:.1} KB decoded, {} alive)",
+                    a.alive.as_secs_f64(),
+                    mb(a.alive_wire_bytes),
+                    m.tasks - 1,
+                    a.alive_answer_bytes as f64 / 1e3,
+                    a.alive_listed
+                )
+            })
         },
     );
     row("... Raft log the round wrote (leader)", &|m| {
-        log_cell(&m.alive_log, Some(m.tasks))
+        own_alive(m, &|a| log_cell(&a.alive_log, Some(m.tasks)))
     });
     row(
-        "the next round through a sidecar per connection: every answer after the last ask",
+        "... leader memory per parked GetAliveTasks call, over heartbeating",
         &|m| {
-            let r = &m.through_sidecars;
-            format!(
-                "{:.2} s, the sidecars had it after {:.2}-{:.2} s ({} calls to the ensemble, {} \
-                 of them waits; {} parked)",
-                r.answered.as_secs_f64(),
-                r.first_sidecar_had_it.as_secs_f64(),
-                r.sidecars_had_it.as_secs_f64(),
-                r.calls,
-                r.waits,
-                r.parked
-            )
+            own_alive(m, &|_| {
+                per_call(m, m.leader_rss_registered, m.leader_rss_parked)
+            })
         },
     );
+    let through = |r: &super::xla_sidecars::SidecarRound| {
+        format!(
+            "{:.3} s, the sidecars had it after {:.3}-{:.3} s ({} calls to the ensemble, {} of \
+             them waits; {} parked)",
+            r.answered.as_secs_f64(),
+            r.first_sidecar_had_it.as_secs_f64(),
+            r.sidecars_had_it.as_secs_f64(),
+            r.calls,
+            r.waits,
+            r.parked
+        )
+    };
     row(
-        "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, after",
+        "GetAliveTasks through a sidecar per connection: every answer after the last ask",
+        &|m| through(&m.through_sidecars),
+    );
+    row(
+        "Barrier of all, each task's own call: every task passed after the last arrival",
+        &|m| format!("{:.3} s", m.barrier.as_secs_f64()),
+    );
+    row("... leader memory per parked Barrier call", &|m| {
+        per_call(m, m.leader_rss_before_barrier, m.leader_rss_barrier_parked)
+    });
+    row(
+        "Barrier of all through a sidecar per connection: every task passed after the last arrival",
+        &|m| through(&m.barrier_through_sidecars),
+    );
+    row(
+        "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, N-1 Barrier parked, after",
         &|m| {
-            let [a, b, c, d] = [
+            let [a, b, c, d, e] = [
                 m.leader_rss_before,
                 m.leader_rss_registered,
                 m.leader_rss_parked,
+                m.leader_rss_barrier_parked,
                 m.leader_rss_after,
             ]
             .map(mib);
-            format!("{a:.0} -> {b:.0} -> {c:.0} -> {d:.0} MiB")
-        },
-    );
-    row(
-        "... per parked GetAliveTasks call, over heartbeating",
-        &|m| {
-            let grown = m.leader_rss_parked.saturating_sub(m.leader_rss_registered);
-            format!("{:.1} KB", grown as f64 / (m.tasks.max(2) - 1) as f64 / 1e3)
+            format!("{a:.0} -> {b:.0} -> {c:.0} -> {d:.0} -> {e:.0} MiB")
         },
     );
     row("elections (a leader change fails the size)", &|m| {

@@ -13,9 +13,9 @@
 //! after a leader change, and each attempt its own copy: 80 KB a call at 10,000 tasks).
 //!
 //! A sidecar carrying several tasks parks none of their calls: it records their asks together
-//! (`coordination/XlaAliveArrivals`, each read by [`XlaService::alive_named`]) and waits on the
-//! round with one `coordination/AwaitAlive` call ([`XlaService::await_alive_call`]), answered
-//! from the same encoding.
+//! (`coordination/XlaAliveAsks`, each set they ask about sent and read once, each ask checked by
+//! [`XlaService::alive_named_with`]) and waits on the round with one `coordination/AwaitAlive`
+//! call ([`XlaService::await_alive_call`]), answered from the same encoding.
 
 use std::sync::Arc;
 
@@ -139,14 +139,22 @@ impl XlaService {
     }
 
     /// The task and set a GetAliveTasks call names, checked as that call checks them (its
-    /// service incarnation first): how an arrival a sidecar sends with others is read.
-    pub(crate) fn alive_named(
+    /// service incarnation first): how an ask a sidecar sends with others is read. The set asked
+    /// about is `set` (read once for the asks of a call that share it), read only once the task
+    /// is checked.
+    pub(crate) fn alive_named_with(
         &self,
         m: &xla::GetAliveTasksRequest,
+        set: impl FnOnce() -> Result<TaskSet, CoordError>,
     ) -> Result<(TaskName, TaskSet), CoordError> {
         self.check_incarnation(m.incarnations.as_ref())
             .and_then(|()| self.task(m.requesting_task_id, "requesting_task_id"))
-            .and_then(|source| Ok((source, self.task_set(&m.task_ids, "task_ids")?)))
+            .and_then(|source| Ok((source, set()?)))
+    }
+
+    /// The set of GetAliveTasks' `task_ids`, or the error the task's own call ends with.
+    pub(crate) fn alive_set(&self, task_ids: &[i32]) -> Result<TaskSet, CoordError> {
+        self.task_set(task_ids, "task_ids")
     }
 
     /// `coordination/AwaitAlive`: round `generation` of GetAliveTasks over `task_ids`, answered

@@ -73,6 +73,7 @@ pub(super) fn waits_on_the_service(method: &str) -> bool {
                 | "WatchJobState"
                 | "coordination/PollForError"
                 | "coordination/AwaitBarrier"
+                | "coordination/AwaitAlive"
                 | "AddMember"
                 | "RemoveMember"
                 | "tfdata/MaybeRemoveTask"
@@ -124,6 +125,27 @@ mod tests {
         r.metadata_mut()
             .insert("grpc-timeout", v.parse().expect("ascii"));
         r
+    }
+
+    /// A sidecar's waits on barriers and GetAliveTasks rounds park for as long as the slowest
+    /// task takes: a follower relaying one must not cut it off after its quick-call timeout (the
+    /// sidecar would send it again every 2 s). Recording arrivals answers at once.
+    #[test]
+    fn a_sidecars_waits_wait_and_its_recordings_do_not() {
+        for m in [
+            "coordination/AwaitBarrier",
+            "coordination/AwaitAlive",
+            "coordination/PollForError",
+        ] {
+            assert!(waits_on_the_service(m), "{m}");
+        }
+        for m in [
+            "coordination/BarrierArrivals",
+            "coordination/XlaAliveAsks",
+            "coordination/Heartbeats",
+        ] {
+            assert!(!waits_on_the_service(m), "{m}");
+        }
     }
 
     #[test]
