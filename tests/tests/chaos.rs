@@ -38,6 +38,11 @@ async fn seeded_fault_schedules_keep_every_guarantee() {
             report.summary()
         );
         assert!(
+            report.alive_rounds > 0 && report.alive_answers > 0,
+            "the XLA job's GetAliveTasks rounds finished: {}",
+            report.summary()
+        );
+        assert!(
             report.raw_ops > 50,
             "the raw-key (torch store) clients got work done: {}",
             report.summary()

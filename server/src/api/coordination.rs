@@ -20,19 +20,20 @@ use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::coordination_server::Coordination;
 use coord_proto::tensorflow as tf;
 use coord_proto::xla::coordination as xla;
-use coord_raft_store::state::{Outcome, TaskName, TaskSet};
-use coord_raft_store::RequestId;
 use tonic::{Request, Response, Status};
 
-use crate::api::payloads::{barrier_error, detailed_with};
-use crate::api::tf::{devices_of, heartbeat_answer};
 use crate::api::wire::{error_payload, state_to, task_from, task_to, tasks_from};
-use crate::api::xla::errors::detailed;
 use crate::api::xla::XlaService;
-use crate::error::{grpc_code, CoordError};
-use crate::ops::request_id;
+use crate::error::grpc_code;
 use crate::serve::coordination::CoordCore;
 use crate::serve::route::{Kind, Router};
+
+mod answers;
+
+use answers::{
+    alive_asks_answered, all_answered, arrival_answer, arrivals_as_asks, arrivals_numbered,
+    asks_well_formed, barrier_answer, beat_answer, wait_arrival_answer, xla_arrival_answer,
+};
 
 pub struct CoordService {
     router: Arc<Router>,
@@ -100,78 +101,6 @@ impl CoordService {
     }
 }
 
-/// Checks that `XlaAliveArrivals` numbers its arrivals as it must (see [`numbered`]).
-fn arrivals_numbered(req: &Request<pb::XlaAliveArrivalsRequest>) -> Result<(), Status> {
-    let m = req.get_ref();
-    numbered(
-        req,
-        "arrival_seqs",
-        m.arrival_seqs.len(),
-        "arrivals",
-        m.arrivals.len(),
-    )
-}
-
-/// Checks an `XlaAliveAsks` call: its asks numbered as they must be (see [`numbered`]), each
-/// naming its set by an index `sets` has and listing no tasks of its own.
-fn asks_well_formed(req: &Request<pb::XlaAliveAsksRequest>) -> Result<(), Status> {
-    let m = req.get_ref();
-    numbered(req, "ask_seqs", m.ask_seqs.len(), "asks", m.asks.len())?;
-    if m.set.len() != m.asks.len() {
-        return Err(Status::invalid_argument(format!(
-            "set: {} set indices for {} asks; send one per ask",
-            m.set.len(),
-            m.asks.len()
-        )));
-    }
-    if let Some((i, k)) = m
-        .set
-        .iter()
-        .enumerate()
-        .find(|(_, &k)| k as usize >= m.sets.len())
-    {
-        return Err(Status::invalid_argument(format!(
-            "set[{i}]: no set #{k}: the call sends {} sets",
-            m.sets.len()
-        )));
-    }
-    if let Some(i) = m.asks.iter().position(|a| !a.task_ids.is_empty()) {
-        return Err(Status::invalid_argument(format!(
-            "asks[{i}].task_ids: leave it empty; the tasks asked about are sets[set[{i}]]"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks that a call numbering the commands it carries (`what`, `n` of them) under its own
-/// client does so as it must: one number per command (`seqs`, `numbers` of them) or none, and
-/// numbers only under a request id of the caller's own (a replica would number them under its
-/// own client, where they could be taken for its other requests).
-fn numbered<T>(
-    req: &Request<T>,
-    seqs: &str,
-    numbers: usize,
-    what: &str,
-    n: usize,
-) -> Result<(), Status> {
-    if numbers == 0 {
-        return Ok(());
-    }
-    if numbers != n {
-        return Err(Status::invalid_argument(format!(
-            "{seqs}: {numbers} numbers for {n} {what}; send one per item, or none"
-        )));
-    }
-    match request_id::from_metadata(req.metadata()).map_err(Status::from)? {
-        Some(_) => Ok(()),
-        None => Err(Status::invalid_argument(format!(
-            "{seqs} number the {what} under the call's client, but the call carries no {} \
-             metadata",
-            coord_proto::metadata::REQUEST_ID
-        ))),
-    }
-}
-
 /// What a call carrying several tasks' items calls them, the field naming each one's task, and how
 /// many one call may carry.
 #[derive(Clone, Copy)]
@@ -210,226 +139,6 @@ pub const MAX_BEATS: usize = 65_536;
 
 /// Most barrier arrivals one call may carry, as heartbeats.
 pub const MAX_ARRIVALS: usize = MAX_BEATS;
-
-/// An error a call of its own would have ended with, as the code, message and status details an
-/// answer among several carries.
-fn error_fields(e: CoordError) -> (i32, String, Vec<u8>) {
-    let s = Status::from(e);
-    (
-        s.code() as i32,
-        s.message().to_string(),
-        s.details().to_vec(),
-    )
-}
-
-/// One beat's answer as its own Heartbeat call would have had it; `Err` for an error the whole
-/// call must end with, one that routing re-drives (the leader changed meanwhile).
-fn beat_answer(core: &CoordCore, i: usize, beat: &pb::Beat) -> Result<pb::BeatAnswer, CoordError> {
-    let answered = task_from(beat.task.as_ref(), &format!("beats[{i}].task"))
-        .and_then(|task| heartbeat_answer(core, &task, beat.incarnation));
-    match answered.map_err(|e| detailed_with(e, None)) {
-        Ok(leader_incarnation) => Ok(pb::BeatAnswer {
-            leader_incarnation,
-            ..Default::default()
-        }),
-        Err(e) if e.is_retryable() => Err(e),
-        Err(e) => {
-            let (error_code, error_message, details) = error_fields(e);
-            Ok(pb::BeatAnswer {
-                leader_incarnation: 0,
-                error_code,
-                error_message,
-                error_details: details.into(),
-            })
-        }
-    }
-}
-
-/// What a task's Barrier call is answered with once its instance is decided (`Outcome`) or it
-/// failed by itself (`Err`): TensorFlow's `BarrierError` names the barrier as the task called it.
-/// `Err` from this function is an error the whole call must end with (the leader changed).
-fn barrier_answer(
-    decided: Result<(i64, Option<Outcome>), CoordError>,
-    barrier_id: &str,
-    asked: i64,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    arrival_outcome(decided, asked, |e| barrier_error(e, barrier_id, asked))
-}
-
-/// An arrival's answer: pending, passed, or failed as its own call fails (`detailed` adds the
-/// call's payloads to the error). `Err` is an error the whole call must end with.
-fn arrival_outcome(
-    decided: Result<(i64, Option<Outcome>), CoordError>,
-    asked: i64,
-    detailed: impl Fn(CoordError) -> CoordError,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    let failed = |e: CoordError| {
-        let (error_code, error_message, details) = error_fields(detailed(e));
-        pb::BarrierAnswer {
-            counter: asked,
-            error_code,
-            error_message,
-            error_details: details.into(),
-            ..Default::default()
-        }
-    };
-    match decided {
-        Ok((counter, None)) => Ok(pb::BarrierAnswer {
-            pending: true,
-            counter,
-            ..Default::default()
-        }),
-        Ok((counter, Some(Outcome::Passed))) => Ok(pb::BarrierAnswer {
-            counter,
-            ..Default::default()
-        }),
-        Ok((_, Some(Outcome::Failed { code, message }))) => {
-            Ok(failed(CoordError::status(code, message)))
-        }
-        Err(e) if e.is_retryable() => Err(e),
-        Err(e) => Ok(failed(e)),
-    }
-}
-
-/// Records one WaitForAllTasks arrival as the task's own call would (its fields named as that call
-/// names them); its answer, errors carrying the payloads that call's would.
-async fn wait_arrival_answer(
-    core: &CoordCore,
-    a: tf::WaitForAllTasksRequest,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    let named = task_from(a.source_task.as_ref(), "source_task")
-        .and_then(|task| Ok((task, devices_of(&a)?)));
-    let recorded = core.wait_for_all_arrival(named).await;
-    arrival_outcome(recorded, 0, |e| detailed_with(e, None))
-}
-
-/// Records one arrival as the task's own Barrier call would (its fields named as that call names
-/// them, so that the answers are the same); its answer.
-async fn arrival_answer(
-    core: &CoordCore,
-    a: tf::BarrierRequest,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    let named = task_from(a.source_task.as_ref(), "source_task")
-        .and_then(|s| Ok((s, tasks_from(&a.tasks, "tasks")?)));
-    recorded_answer(
-        core,
-        a.barrier_id,
-        a.counter,
-        a.barrier_timeout_in_ms,
-        named,
-    )
-    .await
-}
-
-/// Records one of jaxlib's Barrier arrivals as the task's own call would (see
-/// [`XlaService::barrier_named`]); its answer.
-async fn xla_arrival_answer(
-    core: &CoordCore,
-    xla: &XlaService,
-    a: xla::BarrierRequest,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    let named = xla.barrier_named(&a);
-    recorded_answer(
-        core,
-        a.barrier_id,
-        a.counter,
-        a.barrier_timeout_in_ms,
-        named,
-    )
-    .await
-}
-
-/// Records one of jaxlib's GetAliveTasks asks, the task and set it `named` (or the error reading
-/// them ended with), under request id `id`; its answer: the round it joined.
-async fn xla_alive_answer(
-    core: &CoordCore,
-    named: Result<(TaskName, TaskSet), CoordError>,
-    id: Option<RequestId>,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    let recorded = core.alive_arrival(id, named).await;
-    let round = recorded
-        .map(|(generation, finished)| (generation as i64, finished.then_some(Outcome::Passed)));
-    arrival_outcome(round, 0, detailed)
-}
-
-/// Records each of `m`'s asks as the task's own GetAliveTasks call records it (see
-/// [`XlaService::alive_named_with`]), each under its number in `ask_seqs` under the call's client
-/// (`id`), each set read once for all the asks about it; their answers, in order.
-async fn alive_asks_answered(
-    core: &CoordCore,
-    xla: &XlaService,
-    m: pb::XlaAliveAsksRequest,
-    id: Option<RequestId>,
-) -> Result<pb::BarrierArrivalsResponse, CoordError> {
-    // A set that is not the job's is read again for each ask's own error.
-    let read: Vec<Option<TaskSet>> = (m.sets.iter())
-        .map(|s| xla.alive_set(&s.task_ids).ok())
-        .collect();
-    let (sets, set_of, seqs) = (m.sets, m.set, m.ask_seqs);
-    let recorded = m.asks.into_iter().enumerate().map(|(i, a)| {
-        let own = id
-            .zip(seqs.get(i))
-            .map(|(id, &seq)| RequestId { seq, ..id });
-        let k = set_of.get(i).map_or(usize::MAX, |&k| k as usize);
-        let named = xla.alive_named_with(&a, || match (read.get(k), sets.get(k)) {
-            (Some(Some(set)), _) => Ok(set.clone()),
-            (_, Some(listed)) => xla.alive_set(&listed.task_ids),
-            _ => Err(CoordError::InvalidArgument(format!(
-                "set[{i}]: no set #{k}"
-            ))),
-        });
-        xla_alive_answer(core, named, own)
-    });
-    all_answered(recorded).await
-}
-
-/// `XlaAliveArrivals`' arrivals as the asks of an `XlaAliveAsks` call: each arrival's list a set
-/// of its own.
-fn arrivals_as_asks(m: pb::XlaAliveArrivalsRequest) -> pb::XlaAliveAsksRequest {
-    let n = m.arrivals.len() as u32;
-    let (sets, asks) = (m.arrivals.into_iter())
-        .map(|mut a| {
-            let task_ids = std::mem::take(&mut a.task_ids);
-            (pb::AliveSet { task_ids }, a)
-        })
-        .unzip();
-    pb::XlaAliveAsksRequest {
-        sets,
-        asks,
-        set: (0..n).collect(),
-        ask_seqs: m.arrival_seqs,
-    }
-}
-
-/// Records a barrier arrival of the task and participants `named` (or the error naming them
-/// ended with); its answer.
-async fn recorded_answer(
-    core: &CoordCore,
-    barrier_id: String,
-    counter: i64,
-    timeout_ms: i64,
-    named: Result<(TaskName, Vec<TaskName>), CoordError>,
-) -> Result<pb::BarrierAnswer, CoordError> {
-    let recorded = core
-        .barrier_arrival(barrier_id.clone(), counter, timeout_ms, named)
-        .await;
-    barrier_answer(recorded, &barrier_id, counter)
-}
-
-/// Every arrival's answer, in order, the arrivals recorded at once (the proposer puts them in few
-/// log entries); an error the whole call must end with ends it.
-async fn all_answered<F>(
-    recorded: impl Iterator<Item = F>,
-) -> Result<pb::BarrierArrivalsResponse, CoordError>
-where
-    F: std::future::Future<Output = Result<pb::BarrierAnswer, CoordError>>,
-{
-    let answers = futures::future::join_all(recorded)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
-    Ok(pb::BarrierArrivalsResponse { answers })
-}
 
 pub(crate) fn client(ch: PeerChannel) -> CoordinationClient<PeerChannel> {
     CoordinationClient::new(ch)

@@ -22,15 +22,22 @@ use std::time::{Duration, Instant};
 
 use coord_proto::conn::EagerEnd;
 use coord_proto::xla::coordination as xla;
-use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
-use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
 
-use super::raft_log::{log_cell, log_record_bytes, LogGrowth, LogMark};
+use super::raft_log::{log_cell, log_record_bytes, LogMark};
 use super::tasks::{
     call_size, cpu_seconds, parked_calls, parked_until, rss_bytes, Spawned, ACCEPT_GZIP,
 };
 use super::{disk_usage, mb};
+
+mod calls;
+mod report;
+mod wire;
+
+use calls::{heartbeat, register};
+use report::print;
+pub use report::{Measured, OwnAlive};
+use wire::{client, id, incarnations};
 
 /// What `coord-bench xla-scale` runs.
 #[derive(clap::Args, Clone, Debug)]
@@ -76,85 +83,6 @@ const GET_ALIVE_TASKS: &str = "/xla.coordination.CoordinationService/GetAliveTas
 
 /// No phase may take longer: a stuck barrier fails the size instead of hanging the run.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
-
-/// A connection's client as jaxlib sets its channel up: gzip both ways, no limit on an answer's
-/// size. Over [`EagerEnd`], so that a request's one DATA frame ends the stream, as gRPC C++ sends
-/// a unary call (tonic alone sends the end in a later frame, which the server waits for).
-type Client = CoordinationServiceClient<EagerEnd<Channel>>;
-
-fn client(ch: &EagerEnd<Channel>) -> Client {
-    let c = CoordinationServiceClient::new(ch.clone()).max_decoding_message_size(usize::MAX);
-    if ACCEPT_GZIP.load(Ordering::Relaxed) {
-        c.send_compressed(CompressionEncoding::Gzip)
-            .accept_compressed(CompressionEncoding::Gzip)
-    } else {
-        c
-    }
-}
-
-/// Task `i`'s XLA id.
-fn id(i: usize) -> i32 {
-    i32::try_from(i).unwrap_or(i32::MAX)
-}
-
-/// Task `i`'s incarnation (jaxlib draws a random one per process; any non-zero value will do).
-fn incarnation(i: usize) -> u64 {
-    0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1)
-}
-
-/// What every request after RegisterTask carries: the task and the service it believes in.
-fn incarnations(i: usize, service: u64) -> Option<xla::Incarnations> {
-    Some(xla::Incarnations {
-        task_id: id(i),
-        task_incarnation: incarnation(i),
-        service_incarnation: service,
-    })
-}
-
-/// One size's run.
-pub struct Measured {
-    pub tasks: usize,
-    pub connections: usize,
-    pub heartbeat_every: Duration,
-    /// RegisterTask: from the first call to the last answer.
-    pub register: Duration,
-    /// RegisterTask calls answered UNAVAILABLE and made again (each one more log entry).
-    pub register_retries: u64,
-    pub register_log: LogGrowth,
-    pub heartbeat_cpu_cores: f64,
-    pub heartbeat_log: LogGrowth,
-    pub heartbeat_errors: u64,
-    /// GetAliveTasks with each task's own call (none above `--own-alive-max`).
-    pub own_alive: Option<OwnAlive>,
-    /// The next round, through a sidecar per connection.
-    pub through_sidecars: super::xla_sidecars::SidecarRound,
-    /// An XLA Barrier of the whole job, each task's own call: from the last arrival to every
-    /// task's answer.
-    pub barrier: Duration,
-    /// The same barrier again through the sidecars.
-    pub barrier_through_sidecars: super::xla_sidecars::SidecarRound,
-    pub leader_rss_before: u64,
-    pub leader_rss_registered: u64,
-    /// With every GetAliveTasks call but the last parked (0 without the round of own calls).
-    pub leader_rss_parked: u64,
-    /// Before the barrier, and with every task's own Barrier call but the last parked.
-    pub leader_rss_before_barrier: u64,
-    pub leader_rss_barrier_parked: u64,
-    pub leader_rss_after: u64,
-    pub elections: u64,
-}
-
-/// The round of each task's own GetAliveTasks call.
-pub struct OwnAlive {
-    /// From the last task's call to every task's answer.
-    pub alive: Duration,
-    /// The answers of every task but the one that decodes its own, as they crossed the wire.
-    pub alive_wire_bytes: u64,
-    /// The decoded answer: tasks it lists alive, and its encoded size.
-    pub alive_listed: usize,
-    pub alive_answer_bytes: usize,
-    pub alive_log: LogGrowth,
-}
 
 /// Runs `coord-bench xla-scale`; a size that fails is reported and the next one still runs.
 pub async fn run(args: Args) -> Result<(), String> {
@@ -534,177 +462,4 @@ async fn within<T>(
         }
         e = watch => Err(format!("{phase}: {e}")),
     }
-}
-
-/// Task `i`'s RegisterTask as jaxlib's `connect()` sends it (its incarnation and id, nothing
-/// else); returns the service incarnation. Like jaxlib, it tries again on UNAVAILABLE (an error
-/// without the coordination payload, which jaxlib takes for a transport error), here for a
-/// minute: a new ensemble answers that until its cluster configuration is committed.
-async fn register(mut c: Client, i: usize, retries: Arc<AtomicU64>) -> Result<u64, tonic::Status> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let req = xla::RegisterTaskRequest {
-            incarnation: incarnation(i),
-            source_task_id: id(i),
-        };
-        match c.register_task(req).await {
-            Ok(r) => return Ok(r.into_inner().service_incarnation),
-            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
-                if retries.fetch_add(1, Ordering::Relaxed) == 0 {
-                    eprintln!("RegisterTask of task {i} retried: {}", e.message());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Task `i`'s heartbeats, the first after `first`, then one `every` after the last answer (as
-/// jaxlib's heartbeat thread waits); failures are counted. Each carries the task's incarnation
-/// in both places the schema has for it.
-fn heartbeat(
-    mut c: Client,
-    i: usize,
-    service: u64,
-    first: Duration,
-    every: Duration,
-    errors: Arc<AtomicU64>,
-) -> Spawned<()> {
-    Spawned::new(async move {
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let req = xla::HeartbeatRequest {
-                incarnations: incarnations(i, service),
-                incarnation: incarnation(i),
-                source_task_id: id(i),
-            };
-            if c.heartbeat(req).await.is_err() {
-                errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    })
-}
-
-/// The table: a row per measure, a column per size.
-fn print(runs: &[Measured], no_gzip: bool) {
-    if runs.is_empty() {
-        return;
-    }
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let row = |name: &str, cell: &dyn Fn(&Measured) -> String| {
-        let cells: Vec<String> = runs.iter().map(cell).collect();
-        println!("| {name} | {} |", cells.join(" | "));
-    };
-    println!();
-    let sizes: Vec<String> = runs.iter().map(|m| format!("{} tasks", m.tasks)).collect();
-    println!(
-        "| measure (3 replicas, jaxlib's XLA wire, no failover) | {} |",
-        sizes.join(" | ")
-    );
-    println!("|---|{}", "---:|".repeat(runs.len()));
-    row("connections to the leader (tasks share them)", &|m| {
-        m.connections.to_string()
-    });
-    row("RegisterTask storm: first call to last answer", &|m| {
-        let s = m.register.as_secs_f64();
-        format!("{s:.2} s ({:.0} tasks/s)", m.tasks as f64 / s)
-    });
-    row(
-        "... calls retried after UNAVAILABLE (as jaxlib does)",
-        &|m| m.register_retries.to_string(),
-    );
-    row("... Raft log the registrations wrote (leader)", &|m| {
-        log_cell(&m.register_log, Some(m.tasks))
-    });
-    row("leader CPU with every task heartbeating", &|m| {
-        format!(
-            "{:.2} cores (every {:?})",
-            m.heartbeat_cpu_cores, m.heartbeat_every
-        )
-    });
-    row("... Raft log written meanwhile", &|m| {
-        log_cell(&m.heartbeat_log, None)
-    });
-    row("... failed heartbeats", &|m| m.heartbeat_errors.to_string());
-    let gzip = if no_gzip { "" } else { ", gzip accepted" };
-    let per_call = |m: &Measured, from: u64, to: u64| {
-        let grown = to.saturating_sub(from);
-        format!("{:.1} KB", grown as f64 / (m.tasks.max(2) - 1) as f64 / 1e3)
-    };
-    let own_alive = |m: &Measured, cell: &dyn Fn(&OwnAlive) -> String| {
-        m.own_alive.as_ref().map_or("not run".to_string(), cell)
-    };
-    row(
-        &format!("GetAliveTasks of all by all{gzip}, each task's own call: every answer after the last call"),
-        &|m| {
-            own_alive(m, &|a| {
-                format!(
-                    "{:.2} s ({} on the wire for {} answers; one is {:.1} KB decoded, {} alive)",
-                    a.alive.as_secs_f64(),
-                    mb(a.alive_wire_bytes),
-                    m.tasks - 1,
-                    a.alive_answer_bytes as f64 / 1e3,
-                    a.alive_listed
-                )
-            })
-        },
-    );
-    row("... Raft log the round wrote (leader)", &|m| {
-        own_alive(m, &|a| log_cell(&a.alive_log, Some(m.tasks)))
-    });
-    row(
-        "... leader memory per parked GetAliveTasks call, over heartbeating",
-        &|m| {
-            own_alive(m, &|_| {
-                per_call(m, m.leader_rss_registered, m.leader_rss_parked)
-            })
-        },
-    );
-    let through = |r: &super::xla_sidecars::SidecarRound| {
-        format!(
-            "{:.3} s, the sidecars had it after {:.3}-{:.3} s ({} calls to the ensemble, {} of \
-             them waits; {} parked)",
-            r.answered.as_secs_f64(),
-            r.first_sidecar_had_it.as_secs_f64(),
-            r.sidecars_had_it.as_secs_f64(),
-            r.calls,
-            r.waits,
-            r.parked
-        )
-    };
-    row(
-        "GetAliveTasks through a sidecar per connection: every answer after the last ask",
-        &|m| through(&m.through_sidecars),
-    );
-    row(
-        "Barrier of all, each task's own call: every task passed after the last arrival",
-        &|m| format!("{:.3} s", m.barrier.as_secs_f64()),
-    );
-    row("... leader memory per parked Barrier call", &|m| {
-        per_call(m, m.leader_rss_before_barrier, m.leader_rss_barrier_parked)
-    });
-    row(
-        "Barrier of all through a sidecar per connection: every task passed after the last arrival",
-        &|m| through(&m.barrier_through_sidecars),
-    );
-    row(
-        "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, N-1 Barrier parked, after",
-        &|m| {
-            let [a, b, c, d, e] = [
-                m.leader_rss_before,
-                m.leader_rss_registered,
-                m.leader_rss_parked,
-                m.leader_rss_barrier_parked,
-                m.leader_rss_after,
-            ]
-            .map(mib);
-            format!("{a:.0} -> {b:.0} -> {c:.0} -> {d:.0} -> {e:.0} MiB")
-        },
-    );
-    row("elections (a leader change fails the size)", &|m| {
-        m.elections.to_string()
-    });
 }

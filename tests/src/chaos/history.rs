@@ -6,6 +6,7 @@
 //!   an answer for an instance got the same one.
 //! - Task registrations: the service's answers must follow the incarnation rules in some order
 //!   consistent with real time (a restarted task is refused until it is reset).
+//! - jaxlib's GetAliveTasks rounds: each ask recorded once (see `alive`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
@@ -13,6 +14,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::alive::{self, AliveRecord};
 use super::linearize::{check, Entry, KvOp, KvRet, Model, Register, Verdict};
 use super::raw::{self, RawFinal, RawRecord};
 use super::recovery::CallTiming;
@@ -66,6 +68,8 @@ pub struct History {
     pub kv: Mutex<Vec<KvRecord>>,
     pub barriers: Mutex<Vec<BarrierRecord>>,
     pub registrations: Mutex<Vec<RegRecord>>,
+    /// The XLA job's GetAliveTasks rounds (see `alive`).
+    pub alive: Mutex<Vec<AliveRecord>>,
     /// The raw-key (torch store) operations, and what the raw keys held at the end.
     pub raw: Mutex<Vec<RawRecord>>,
     pub raw_final: Mutex<Option<RawFinal>>,
@@ -80,6 +84,7 @@ impl Default for History {
             kv: Mutex::default(),
             barriers: Mutex::default(),
             registrations: Mutex::default(),
+            alive: Mutex::default(),
             raw: Mutex::default(),
             raw_final: Mutex::default(),
             calls: Mutex::default(),
@@ -106,6 +111,10 @@ impl History {
 
     pub fn record_registration(&self, r: RegRecord) {
         push(&self.registrations, r);
+    }
+
+    pub fn record_alive(&self, r: AliveRecord) {
+        push(&self.alive, r);
     }
 
     pub fn record_raw(&self, r: RawRecord) {
@@ -140,6 +149,7 @@ impl History {
             kv: &'a [KvRecord],
             barriers: &'a [BarrierRecord],
             registrations: &'a [RegRecord],
+            alive: &'a [AliveRecord],
             raw: &'a [RawRecord],
             raw_final: &'a Option<RawFinal>,
             calls: &'a [CallTiming],
@@ -150,6 +160,7 @@ impl History {
             .registrations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
         let raw = self.raw.lock().unwrap_or_else(PoisonError::into_inner);
         let raw_final = self
             .raw_final
@@ -160,6 +171,7 @@ impl History {
             kv: &kv,
             barriers: &barriers,
             registrations: &registrations,
+            alive: &alive,
             raw: &raw,
             raw_final: &raw_final,
             calls: &calls,
@@ -187,6 +199,9 @@ impl History {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
             budget,
+        ));
+        anomalies.extend(alive::check(
+            &self.alive.lock().unwrap_or_else(PoisonError::into_inner),
         ));
         let raw = self.raw.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(end) = &*self

@@ -22,6 +22,7 @@ use coord_proto::tls::ClientTls;
 
 use crate::cluster::Cluster;
 
+pub mod alive;
 pub mod crash;
 pub mod history;
 pub mod linearize;

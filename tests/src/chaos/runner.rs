@@ -55,6 +55,10 @@ pub struct RunReport {
     pub kv_unknown: usize,
     pub barrier_passes: usize,
     pub registrations: usize,
+    /// GetAliveTasks calls of the XLA job's two tasks answered (each a round), and their rounds
+    /// read with AwaitAlive.
+    pub alive_rounds: usize,
+    pub alive_answers: usize,
     /// Raw-key (torch store) operations other than ADD, COMPARE_SET and GET, which count as kv ops.
     pub raw_ops: usize,
     /// The highest Raft term at the end (how many elections the faults caused, roughly).
@@ -73,13 +77,15 @@ pub struct RunReport {
 impl RunReport {
     pub fn summary(&self) -> String {
         format!(
-            "seed {}: {} faults, {} kv ops ({} unknown), {} barrier passes, {} registrations, {} raw ops, term {}, longest call after the last heal {:.3}s ({}), checked in {:.1?}, {} anomalies{}",
+            "seed {}: {} faults, {} kv ops ({} unknown), {} barrier passes, {} registrations, {} GetAliveTasks rounds ({} answers read), {} raw ops, term {}, longest call after the last heal {:.3}s ({}), checked in {:.1?}, {} anomalies{}",
             self.seed,
             self.faults,
             self.kv_ops,
             self.kv_unknown,
             self.barrier_passes,
             self.registrations,
+            self.alive_rounds,
+            self.alive_answers,
             self.raw_ops,
             self.final_term,
             self.longest_after_heal.as_secs_f64(),
@@ -94,9 +100,19 @@ impl RunReport {
     }
 }
 
+/// The XLA job's GetAliveTasks calls that `counted`.
+fn count_alive(history: &History, counted: impl Fn(&super::alive::AliveRecord) -> bool) -> usize {
+    history
+        .alive
+        .lock()
+        .map(|a| a.iter().filter(|r| counted(r)).count())
+        .unwrap_or_default()
+}
+
 /// The replicas' flags in a chaos run: job `b` (the barrier tasks' job, which never registers, so
 /// the default namespace's run never ends: the key-value clients' keys stay), `reg` for the
-/// registration client, heartbeats off (the clients do not send them). The barrier tasks
+/// registration client, `x` for jaxlib's tasks (the XLA job), heartbeats off (the clients do not
+/// send them). The barrier tasks
 /// themselves run in the named namespace ([`NAMED`]), declared with the same job.
 pub fn chaos_cluster_args() -> Vec<String> {
     [
@@ -104,6 +120,10 @@ pub fn chaos_cluster_args() -> Vec<String> {
         "b=3",
         "--job",
         "reg=1",
+        "--job",
+        "x=2",
+        "--xla-job",
+        "x",
         "--heartbeat-timeout-ms",
         "3600000",
     ]
@@ -428,6 +448,8 @@ pub async fn run(options: &RunOptions) -> RunReport {
             .filter(|b| b.outcome == Some(Ok(())))
             .count(),
         registrations,
+        alive_rounds: count_alive(&history, |r| r.joined.is_some()),
+        alive_answers: count_alive(&history, |r| r.answer.is_some()),
         raw_ops: history.raw.lock().map(|r| r.len()).unwrap_or_default(),
         final_term,
         anomalies,

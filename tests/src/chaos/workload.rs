@@ -8,7 +8,8 @@
 //!   with the next counter;
 //! - a registration client: task `reg/0` registers, restarts with a new incarnation (refused),
 //!   resets and registers again;
-//! - raw-key clients: torch's store operations (`raw_clients`).
+//! - raw-key clients: torch's store operations (`raw_clients`);
+//! - a sidecar of the XLA job's two tasks asking GetAliveTasks round after round (`alive`).
 //!
 //! A mutation that fails without an answer from the service has an unknown outcome; a read that
 //! fails tells nothing and is not recorded.
@@ -42,6 +43,8 @@ pub struct WorkloadOptions {
     pub registrations: bool,
     /// Clients of the raw keys (torch's store operations; 0 = none).
     pub raw_clients: usize,
+    /// The XLA job's tasks ask GetAliveTasks through one sidecar (`alive`).
+    pub alive_rounds: bool,
     /// A call fails only after no replica could serve it for this long.
     pub unavailable_after: Duration,
 }
@@ -55,6 +58,7 @@ impl Default for WorkloadOptions {
             barrier_tasks: 3,
             registrations: true,
             raw_clients: 3,
+            alive_rounds: true,
             unavailable_after: Duration::from_secs(20),
         }
     }
@@ -128,6 +132,14 @@ pub fn start(
             stop.clone(),
         );
         handles.push(tokio::spawn(registration_client(cl, h, stop, seed)));
+    }
+    if options.alive_rounds {
+        let (cl, h, stop) = (
+            target.client(options.unavailable_after),
+            history.clone(),
+            stop.clone(),
+        );
+        handles.push(tokio::spawn(super::alive::client(cl, h, stop)));
     }
     let raw = raw_clients::start(
         named,

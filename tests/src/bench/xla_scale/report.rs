@@ -1,0 +1,174 @@
+//! What `coord-bench xla-scale` measured of each size, and its table: a row per measure, a column
+//! per size.
+
+use std::time::Duration;
+
+use super::super::mb;
+use super::super::raft_log::{log_cell, LogGrowth};
+use super::super::xla_sidecars::SidecarRound;
+
+/// One size's run.
+pub struct Measured {
+    pub tasks: usize,
+    pub connections: usize,
+    pub heartbeat_every: Duration,
+    /// RegisterTask: from the first call to the last answer.
+    pub register: Duration,
+    /// RegisterTask calls answered UNAVAILABLE and made again (each one more log entry).
+    pub register_retries: u64,
+    pub register_log: LogGrowth,
+    pub heartbeat_cpu_cores: f64,
+    pub heartbeat_log: LogGrowth,
+    pub heartbeat_errors: u64,
+    /// GetAliveTasks with each task's own call (none above `--own-alive-max`).
+    pub own_alive: Option<OwnAlive>,
+    /// The next round, through a sidecar per connection.
+    pub through_sidecars: SidecarRound,
+    /// An XLA Barrier of the whole job, each task's own call: from the last arrival to every
+    /// task's answer.
+    pub barrier: Duration,
+    /// The same barrier again through the sidecars.
+    pub barrier_through_sidecars: SidecarRound,
+    pub leader_rss_before: u64,
+    pub leader_rss_registered: u64,
+    /// With every GetAliveTasks call but the last parked (0 without the round of own calls).
+    pub leader_rss_parked: u64,
+    /// Before the barrier, and with every task's own Barrier call but the last parked.
+    pub leader_rss_before_barrier: u64,
+    pub leader_rss_barrier_parked: u64,
+    pub leader_rss_after: u64,
+    pub elections: u64,
+}
+
+/// The round of each task's own GetAliveTasks call.
+pub struct OwnAlive {
+    /// From the last task's call to every task's answer.
+    pub alive: Duration,
+    /// The answers of every task but the one that decodes its own, as they crossed the wire.
+    pub alive_wire_bytes: u64,
+    /// The decoded answer: tasks it lists alive, and its encoded size.
+    pub alive_listed: usize,
+    pub alive_answer_bytes: usize,
+    pub alive_log: LogGrowth,
+}
+
+/// The table: a row per measure, a column per size.
+pub(super) fn print(runs: &[Measured], no_gzip: bool) {
+    if runs.is_empty() {
+        return;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let row = |name: &str, cell: &dyn Fn(&Measured) -> String| {
+        let cells: Vec<String> = runs.iter().map(cell).collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    };
+    println!();
+    let sizes: Vec<String> = runs.iter().map(|m| format!("{} tasks", m.tasks)).collect();
+    println!(
+        "| measure (3 replicas, jaxlib's XLA wire, no failover) | {} |",
+        sizes.join(" | ")
+    );
+    println!("|---|{}", "---:|".repeat(runs.len()));
+    row("connections to the leader (tasks share them)", &|m| {
+        m.connections.to_string()
+    });
+    row("RegisterTask storm: first call to last answer", &|m| {
+        let s = m.register.as_secs_f64();
+        format!("{s:.2} s ({:.0} tasks/s)", m.tasks as f64 / s)
+    });
+    row(
+        "... calls retried after UNAVAILABLE (as jaxlib does)",
+        &|m| m.register_retries.to_string(),
+    );
+    row("... Raft log the registrations wrote (leader)", &|m| {
+        log_cell(&m.register_log, Some(m.tasks))
+    });
+    row("leader CPU with every task heartbeating", &|m| {
+        format!(
+            "{:.2} cores (every {:?})",
+            m.heartbeat_cpu_cores, m.heartbeat_every
+        )
+    });
+    row("... Raft log written meanwhile", &|m| {
+        log_cell(&m.heartbeat_log, None)
+    });
+    row("... failed heartbeats", &|m| m.heartbeat_errors.to_string());
+    let gzip = if no_gzip { "" } else { ", gzip accepted" };
+    let per_call = |m: &Measured, from: u64, to: u64| {
+        let grown = to.saturating_sub(from);
+        format!("{:.1} KB", grown as f64 / (m.tasks.max(2) - 1) as f64 / 1e3)
+    };
+    let own_alive = |m: &Measured, cell: &dyn Fn(&OwnAlive) -> String| {
+        m.own_alive.as_ref().map_or("not run".to_string(), cell)
+    };
+    row(
+        &format!("GetAliveTasks of all by all{gzip}, each task's own call: every answer after the last call"),
+        &|m| {
+            own_alive(m, &|a| {
+                format!(
+                    "{:.2} s ({} on the wire for {} answers; one is {:.1} KB decoded, {} alive)",
+                    a.alive.as_secs_f64(),
+                    mb(a.alive_wire_bytes),
+                    m.tasks - 1,
+                    a.alive_answer_bytes as f64 / 1e3,
+                    a.alive_listed
+                )
+            })
+        },
+    );
+    row("... Raft log the round wrote (leader)", &|m| {
+        own_alive(m, &|a| log_cell(&a.alive_log, Some(m.tasks)))
+    });
+    row(
+        "... leader memory per parked GetAliveTasks call, over heartbeating",
+        &|m| {
+            own_alive(m, &|_| {
+                per_call(m, m.leader_rss_registered, m.leader_rss_parked)
+            })
+        },
+    );
+    let through = |r: &SidecarRound| {
+        format!(
+            "{:.3} s, the sidecars had it after {:.3}-{:.3} s ({} calls to the ensemble, {} of \
+             them waits; {} parked)",
+            r.answered.as_secs_f64(),
+            r.first_sidecar_had_it.as_secs_f64(),
+            r.sidecars_had_it.as_secs_f64(),
+            r.calls,
+            r.waits,
+            r.parked
+        )
+    };
+    row(
+        "GetAliveTasks through a sidecar per connection: every answer after the last ask",
+        &|m| through(&m.through_sidecars),
+    );
+    row(
+        "Barrier of all, each task's own call: every task passed after the last arrival",
+        &|m| format!("{:.3} s", m.barrier.as_secs_f64()),
+    );
+    row("... leader memory per parked Barrier call", &|m| {
+        per_call(m, m.leader_rss_before_barrier, m.leader_rss_barrier_parked)
+    });
+    row(
+        "Barrier of all through a sidecar per connection: every task passed after the last arrival",
+        &|m| through(&m.barrier_through_sidecars),
+    );
+    row(
+        "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, N-1 Barrier parked, after",
+        &|m| {
+            let [a, b, c, d, e] = [
+                m.leader_rss_before,
+                m.leader_rss_registered,
+                m.leader_rss_parked,
+                m.leader_rss_barrier_parked,
+                m.leader_rss_after,
+            ]
+            .map(mib);
+            format!("{a:.0} -> {b:.0} -> {c:.0} -> {d:.0} -> {e:.0} MiB")
+        },
+    );
+    row("elections (a leader change fails the size)", &|m| {
+        m.elections.to_string()
+    });
+}
