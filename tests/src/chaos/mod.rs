@@ -23,6 +23,7 @@ use coord_proto::tls::ClientTls;
 use crate::cluster::Cluster;
 
 pub mod alive;
+pub mod alive_clients;
 pub mod crash;
 pub mod history;
 pub mod linearize;

@@ -9,7 +9,7 @@
 //! - a registration client: task `reg/0` registers, restarts with a new incarnation (refused),
 //!   resets and registers again;
 //! - raw-key clients: torch's store operations (`raw_clients`);
-//! - a sidecar of the XLA job's two tasks asking GetAliveTasks round after round (`alive`).
+//! - a sidecar of the XLA job's two tasks asking GetAliveTasks round after round (`alive_clients`).
 //!
 //! A mutation that fails without an answer from the service has an unknown outcome; a read that
 //! fails tells nothing and is not recorded.
@@ -43,7 +43,7 @@ pub struct WorkloadOptions {
     pub registrations: bool,
     /// Clients of the raw keys (torch's store operations; 0 = none).
     pub raw_clients: usize,
-    /// The XLA job's tasks ask GetAliveTasks through one sidecar (`alive`).
+    /// The XLA job's tasks ask GetAliveTasks through one sidecar (`alive_clients`).
     pub alive_rounds: bool,
     /// A call fails only after no replica could serve it for this long.
     pub unavailable_after: Duration,
@@ -139,7 +139,7 @@ pub fn start(
             history.clone(),
             stop.clone(),
         );
-        handles.push(tokio::spawn(super::alive::client(cl, h, stop)));
+        handles.push(tokio::spawn(super::alive_clients::client(cl, h, stop)));
     }
     let raw = raw_clients::start(
         named,
