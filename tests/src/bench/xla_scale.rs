@@ -332,30 +332,11 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         );
         None
     };
-    // The next round, each connection's tasks carried by a sidecar.
-    let endpoints = cluster.endpoints();
-    let through = within(
-        "GetAliveTasks through sidecars",
-        &still_leading,
-        super::xla_sidecars::alive_round(
-            &endpoints,
-            connections,
-            tasks,
-            all.to_vec(),
-            |i| (incarnations(i, service), id(i)),
-            &parked,
-        ),
-    )
-    .await?;
-    eprintln!(
-        "GetAliveTasks through sidecars answered every task {:?} after the last ask (the \
-         sidecars had it after {:?} to {:?})",
-        through.answered, through.first_sidecar_had_it, through.sidecars_had_it
-    );
-
     // An XLA Barrier of the whole job (jax's `sync_global_devices`), each task's own call: all
-    // but the last park, the last is timed until every task passed. Then the same barrier again,
-    // through the sidecars.
+    // but the last park, the last is timed until every task passed. It comes before the rounds
+    // through the sidecars, so that without an own GetAliveTasks round its parked calls are read
+    // over heartbeating alone (memory a round freed is kept by the allocator and reused). The
+    // same barrier again through the sidecars after their GetAliveTasks round.
     let arrival = |i: usize, barrier_id: &str| xla::BarrierRequest {
         incarnations: incarnations(i, service),
         barrier_id: barrier_id.to_string(),
@@ -398,6 +379,28 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     .await?;
     let barrier = released.duration_since(last_arrival);
     eprintln!("Barrier passed every task {barrier:?} after the last arrival");
+
+    // The next round, each connection's tasks carried by a sidecar.
+    let endpoints = cluster.endpoints();
+    let through = within(
+        "GetAliveTasks through sidecars",
+        &still_leading,
+        super::xla_sidecars::alive_round(
+            &endpoints,
+            connections,
+            tasks,
+            all.to_vec(),
+            |i| (incarnations(i, service), id(i)),
+            &parked,
+        ),
+    )
+    .await?;
+    eprintln!(
+        "GetAliveTasks through sidecars answered every task {:?} after the last ask (the \
+         sidecars had it after {:?} to {:?})",
+        through.answered, through.first_sidecar_had_it, through.sidecars_had_it
+    );
+
     let barrier_through_sidecars = within(
         "Barrier through sidecars",
         &still_leading,

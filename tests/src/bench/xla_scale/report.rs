@@ -163,15 +163,18 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
     row(
         "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, N-1 Barrier parked, after",
         &|m| {
-            let [a, b, c, d, e] = [
+            let alive_parked = match m.own_alive {
+                Some(_) => format!("{:.0}", mib(m.leader_rss_parked)),
+                None => "(not run)".to_string(),
+            };
+            let [a, b, d, e] = [
                 m.leader_rss_before,
                 m.leader_rss_registered,
-                m.leader_rss_parked,
                 m.leader_rss_barrier_parked,
                 m.leader_rss_after,
             ]
             .map(mib);
-            format!("{a:.0} -> {b:.0} -> {c:.0} -> {d:.0} -> {e:.0} MiB")
+            format!("{a:.0} -> {b:.0} -> {alive_parked} -> {d:.0} -> {e:.0} MiB")
         },
     );
     row("elections (a leader change fails the size)", &|m| {
