@@ -105,15 +105,17 @@ fn count_alive(history: &History, counted: impl Fn(&super::alive::AliveRecord) -
     history
         .alive
         .lock()
-        .map(|a| a.iter().filter(|r| counted(r)).count())
-        .unwrap_or_default()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|r| counted(r))
+        .count()
 }
 
 /// The replicas' flags in a chaos run: job `b` (the barrier tasks' job, which never registers, so
 /// the default namespace's run never ends: the key-value clients' keys stay), `reg` for the
 /// registration client, `x` for jaxlib's tasks (the XLA job), heartbeats off (the clients do not
-/// send them). The barrier tasks
-/// themselves run in the named namespace ([`NAMED`]), declared with the same job.
+/// send them). The barrier tasks themselves run in the named namespace ([`NAMED`]), declared with
+/// the same job.
 pub fn chaos_cluster_args() -> Vec<String> {
     [
         "--job",

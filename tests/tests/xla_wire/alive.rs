@@ -8,7 +8,22 @@ use coord_proto::xla::coordination as xla;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use super::{env, incarnations, register_both, same_error};
+use super::{env, incarnations, register_both, same_error, Env};
+
+/// A sidecar's client of `env`'s ensemble, as coord-proxy makes it.
+fn sidecar(env: &Env) -> coord_agent::CoordClient {
+    coord_agent::CoordClient::new(coord_agent::ClientOptions::new(env.cluster.endpoints()))
+        .expect("client")
+}
+
+/// Task `task`'s GetAliveTasks request about `task_ids`, of the service incarnation `service`.
+fn ask(task: i32, task_ids: Vec<i32>, service: u64) -> xla::GetAliveTasksRequest {
+    xla::GetAliveTasksRequest {
+        incarnations: incarnations(task, service),
+        requesting_task_id: task,
+        task_ids,
+    }
+}
 
 /// jaxlib's GetAliveTasks asks recorded together (`coordination/XlaAliveArrivals`, what a
 /// coord-proxy sidecar sends) and waited on per round (`coordination/AwaitAlive`): errors as the
@@ -23,13 +38,7 @@ async fn alive_arrivals_are_answered_as_the_tasks_own_calls() {
 
     let mut env = env().await;
     let service = register_both(&env).await;
-    let c = coord_agent::CoordClient::new(coord_agent::ClientOptions::new(env.cluster.endpoints()))
-        .expect("client");
-    let ask = |task: i32, task_ids: Vec<i32>, service: u64| xla::GetAliveTasksRequest {
-        incarnations: incarnations(task, service),
-        requesting_task_id: task,
-        task_ids,
-    };
+    let c = sidecar(&env);
     // A stale incarnation, a task not of the job, a set with a task not of the job, an asker not
     // in its set.
     let wrong = vec![
@@ -172,13 +181,7 @@ async fn alive_asks_share_their_sets_and_are_answered_as_the_tasks_own_calls() {
 
     let mut env = env().await;
     let service = register_both(&env).await;
-    let c = coord_agent::CoordClient::new(coord_agent::ClientOptions::new(env.cluster.endpoints()))
-        .expect("client");
-    let own = |task: i32, task_ids: Vec<i32>, service: u64| xla::GetAliveTasksRequest {
-        incarnations: incarnations(task, service),
-        requesting_task_id: task,
-        task_ids,
-    };
+    let c = sidecar(&env);
     let sets = |lists: &[&[i32]]| -> Vec<AliveSet> {
         (lists.iter())
             .map(|l| AliveSet {
@@ -189,7 +192,7 @@ async fn alive_asks_share_their_sets_and_are_answered_as_the_tasks_own_calls() {
     let asks = |asks: &[(i32, u32, u64)], lists: &[&[i32]]| XlaAliveAsksRequest {
         sets: sets(lists),
         asks: (asks.iter())
-            .map(|&(task, _, service)| own(task, vec![], service))
+            .map(|&(task, _, service)| ask(task, vec![], service))
             .collect(),
         set: asks.iter().map(|&(_, set, _)| set).collect(),
         ask_seqs: vec![],
@@ -212,7 +215,7 @@ async fn alive_asks_share_their_sets_and_are_answered_as_the_tasks_own_calls() {
     assert!(joined.pending && joined.error_code == 0, "{joined:?}");
     for (i, (a, &(task, set, service))) in answers.iter().zip(&wrong).enumerate() {
         assert!(!a.pending && a.error_code != 0, "ask {i}: {a:?}");
-        let req = own(task, lists[set as usize].to_vec(), service);
+        let req = ask(task, lists[set as usize].to_vec(), service);
         let own_call = env.clients[0]
             .clone()
             .get_alive_tasks(req)

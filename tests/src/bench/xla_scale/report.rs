@@ -163,10 +163,7 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
     row(
         "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, N-1 Barrier parked, after",
         &|m| {
-            let alive_parked = match m.own_alive {
-                Some(_) => format!("{:.0}", mib(m.leader_rss_parked)),
-                None => "(not run)".to_string(),
-            };
+            let alive_parked = own_alive(m, &|_| format!("{:.0}", mib(m.leader_rss_parked)));
             let [a, b, d, e] = [
                 m.leader_rss_before,
                 m.leader_rss_registered,
