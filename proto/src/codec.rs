@@ -4,12 +4,14 @@
 //! calls at once (every task's barrier wait, error poll, heartbeat), and messages are mostly tens of
 //! bytes, so buffers start at 256 bytes and grow when a message needs more.
 //!
-//! [`UndecodedCodec`] is for a caller that only passes an answer on: it keeps the answer's bytes.
+//! [`UndecodedCodec`] is for a caller that only passes an answer on: it keeps the answer's bytes
+//! ([`call_undecoded`] makes such a call).
 
 use std::marker::PhantomData;
 
 use bytes::{Buf, Bytes};
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, Codec, CompressionEncoding, DecodeBuf, Decoder};
+use tonic::codegen::{Body, StdError};
 use tonic_prost::ProstCodec;
 
 const INITIAL_BUFFER: usize = 256;
@@ -85,4 +87,36 @@ impl Decoder for Undecoded {
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
         Ok(Some(src.copy_to_bytes(src.remaining())))
     }
+}
+
+/// Method `path` on `ch`, the answer's bytes kept undecoded ([`UndecodedCodec`]): what a proxy
+/// (coord-proxy, or a follower relaying a call to the leader) uses to pass on an answer every
+/// caller of a round shares. Messages are limited to `limit` bytes either way; `gzip` is offered
+/// to the sender when the bytes travel a network worth saving (the answer then comes decompressed
+/// once per call: a follower, whose link to the leader is fast, does not offer it).
+pub async fn call_undecoded<C, Req>(
+    ch: C,
+    req: tonic::Request<Req>,
+    path: &'static str,
+    limit: usize,
+    gzip: bool,
+) -> Result<tonic::Response<Bytes>, tonic::Status>
+where
+    C: tonic::client::GrpcService<tonic::body::Body>,
+    C::Error: Into<StdError>,
+    C::ResponseBody: Body<Data = Bytes> + Send + 'static,
+    <C::ResponseBody as Body>::Error: Into<StdError> + Send,
+    Req: prost::Message + Send + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(ch)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    if gzip {
+        grpc = grpc.accept_compressed(CompressionEncoding::Gzip);
+    }
+    grpc.ready().await.map_err(|e| {
+        tonic::Status::unavailable(format!("the connection is not ready: {}", e.into()))
+    })?;
+    let path = http::uri::PathAndQuery::from_static(path);
+    grpc.unary(req, path, UndecodedCodec::default()).await
 }

@@ -1,7 +1,8 @@
 //! Large jobs: every task's WaitForAllTasks answer is the whole job's devices, built once and sent
-//! from one buffer (gzipped once for the clients that accept gzip, as TensorFlow's do); and a job
-//! of 20,000 tasks over 100 connections (sidecars carrying 200 tasks each) registers, waits for
-//! all, passes a barrier and keeps every task alive across a leader kill. The full sizes and the
+//! from one buffer (gzipped once for the clients that accept gzip, as TensorFlow's do), by the
+//! leader or by a follower relaying the calls; and a job of 20,000 tasks over 100 connections
+//! (sidecars carrying 200 tasks each) registers, waits for all, passes a barrier and keeps every
+//! task alive across a leader kill. The full sizes and the
 //! timings are `coord-bench scale` (docs/benchmarks.md); here nothing is timed.
 
 use std::time::Duration;
@@ -40,6 +41,8 @@ fn request(i: i32, old: bool) -> tf::WaitForAllTasksRequest {
     }
 }
 
+/// Every task gets the whole job's devices in the form it reads them, gzipped exactly when it
+/// accepts gzip, from the leader or through a follower; each answer compressed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
     const TASKS: i32 = 300;
@@ -52,18 +55,24 @@ async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
             .expect("register");
     }
     let leader = env.cluster.wait_for_leader(LEADER_TIMEOUT).await;
-    let endpoint = format!("http://{}", env.cluster.replica(leader).grpc);
-    let channel = Channel::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    // Even tasks accept gzip (as TF's clients do), odd ones do not; the last OLD tasks send
-    // their device as releases before 2.1x did.
+    let follower = env.cluster.other_than(leader);
+    let mut channels = Vec::new();
+    for id in [leader, follower] {
+        let endpoint = format!("http://{}", env.cluster.replica(id).grpc);
+        let channel = Channel::from_shared(endpoint).expect("endpoint");
+        channels.push(channel.connect().await.expect("connect"));
+    }
+    let compressions = |env: &Env| {
+        [leader, follower].map(|id| env.cluster.metric(id, "coord_answer_compressions_total"))
+    };
+    let before = compressions(&env);
+    // Even tasks accept gzip (as TF's clients do), odd ones do not; tasks 2-3 of every four call
+    // a follower, which relays their calls to the leader; the last OLD tasks send their device as
+    // releases before 2.1x did.
     let calls: Vec<_> = (0..TASKS)
         .map(|i| {
-            let mut c =
-                CoordinationServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
+            let channel = channels[(i as usize / 2) % 2].clone();
+            let mut c = CoordinationServiceClient::new(channel).max_decoding_message_size(64 << 20);
             if i % 2 == 0 {
                 c = c.accept_compressed(CompressionEncoding::Gzip);
             }
@@ -114,6 +123,15 @@ async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
             None => first = Some(answer),
         }
     }
+    // Each answer compressed once for all its callers: on the leader the one form its callers
+    // accepting gzip read; on the follower, which relays the same bytes for every caller, that
+    // form and the older releases' (task 298's).
+    let after = compressions(&env);
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [1.0, 2.0],
+        "answers compressed by the leader and by the follower"
+    );
 }
 
 /// The job `coord-bench tasks` measures, at CI size: nothing timed, nothing lost.

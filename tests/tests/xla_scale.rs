@@ -1,12 +1,13 @@
 //! A JAX job of 2,000 tasks on jaxlib's wire registers and asks GetAliveTasks in a log of a few
-//! bytes a call. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
+//! bytes a call, through a follower that relays the round's one answer. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
 //! jobs starved each other's Raft heartbeats.
 
 use coord_tests::bench::xla_scale;
 
-/// A JAX job on jaxlib's wire: its registration storm (every task waits at the register barrier
-/// of the whole job) and a GetAliveTasks round of every task about every task commit a few bytes
-/// a call. Each call used to commit the job's task list, N² bytes of log in all: about 26 KB a
+/// A JAX job on jaxlib's wire, calling a follower: its registration storm (every task waits at
+/// the register barrier of the whole job) and a GetAliveTasks round of every task about every
+/// task commit a few bytes a call, and the follower relays the round's one answer to every task,
+/// compressed once. Each call used to commit the job's task list, N² bytes of log in all: about 26 KB a
 /// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Here only
 /// log bytes are asserted, never time (the times are `coord-bench xla-scale`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,6 +20,8 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         no_gzip: false,
         own_alive_max: TASKS,
         cpu_window_ms: 1_000,
+        // Through a follower, which relays every call to the leader.
+        via_follower: true,
         // A leader change fails the run, and a debug build under the storm on a loaded CI
         // machine can miss the 300 ms lease: timeouts as an operator of a loaded machine sets
         // them (what is asserted is the log, not failover).
@@ -35,6 +38,12 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         .expect("the job registered and asked who is alive");
     let own = m.own_alive.as_ref().expect("the round of own calls");
     assert_eq!(own.alive_listed, TASKS, "every task alive");
+    // The follower got the leader's one answer for each of its callers, and compressed it once
+    // for all of them (each caller accepts gzip, as jaxlib does).
+    assert_eq!(
+        own.called_compressions, 1,
+        "answers the follower compressed over the round"
+    );
     // A call's entry is its task and the set's one run, with the command's framing: well
     // under 1 KB (the list was 13 bytes a task: 26 KB).
     for (phase, log) in [

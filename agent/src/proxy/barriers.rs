@@ -4,7 +4,6 @@
 //! once per form of answer with one task's own call and handed, as the bytes that came, to every
 //! task that asked in that form.
 
-use coord_proto::codec::UndecodedCodec;
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{
     AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, WaitForAllTasksArrivalsRequest,
@@ -289,13 +288,5 @@ pub(super) async fn fetch_undecoded<Req: prost::Message + Send + 'static>(
     req: tonic::Request<Req>,
     path: &'static str,
 ) -> Result<tonic::Response<bytes::Bytes>, Status> {
-    let mut grpc = tonic::client::Grpc::new(ch)
-        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-        .max_decoding_message_size(super::MESSAGE_LIMIT)
-        .max_encoding_message_size(super::MESSAGE_LIMIT);
-    grpc.ready()
-        .await
-        .map_err(|e| Status::unavailable(format!("the connection is not ready: {e}")))?;
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
-    grpc.unary(req, path, UndecodedCodec::default()).await
+    coord_proto::codec::call_undecoded(ch, req, path, super::MESSAGE_LIMIT, true).await
 }

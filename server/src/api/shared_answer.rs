@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -42,6 +43,18 @@ const PREFIX: usize = 5;
 /// 10,000 tasks accepting gzip, compressing each of them took the release from 65 to 150 ms.
 const GZIP_FROM: usize = 128;
 
+/// Answers gzip-compressed by this process, and their bytes before compression: what
+/// `/metrics` reports as `coord_answer_compressions_total` and
+/// `coord_answer_compressed_bytes_total`. A shared answer counts once however many callers get it;
+/// an answer that grows with the job and counts once per caller is one not shared.
+static COMPRESSIONS: AtomicU64 = AtomicU64::new(0);
+static COMPRESSED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The answers compressed so far, and their bytes before compression (see [`COMPRESSIONS`]).
+pub fn compressed() -> (u64, u64) {
+    (COMPRESSIONS.load(Relaxed), COMPRESSED_BYTES.load(Relaxed))
+}
+
 /// `len` bytes of a message (compressed or not) framed: the prefix, then room for the message.
 fn framed(compressed: bool, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(PREFIX + len);
@@ -62,9 +75,8 @@ impl AnswerBytes {
         }
     }
 
-    /// An already encoded message.
-    #[cfg(test)]
-    fn raw(message: &[u8]) -> Self {
+    /// An already encoded message (one relayed from the leader, as it came).
+    pub fn raw(message: &[u8]) -> Self {
         let mut out = framed(false, message.len());
         out.extend_from_slice(message);
         Self {
@@ -74,8 +86,7 @@ impl AnswerBytes {
     }
 
     /// The message, without its frame prefix.
-    #[cfg(test)]
-    pub fn plain_message(&self) -> &[u8] {
+    pub fn message(&self) -> &[u8] {
         &self.plain[PREFIX..]
     }
 
@@ -99,6 +110,8 @@ impl AnswerBytes {
                 if message.len() < GZIP_FROM {
                     return None;
                 }
+                COMPRESSIONS.fetch_add(1, Relaxed);
+                COMPRESSED_BYTES.fetch_add(message.len() as u64, Relaxed);
                 let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
                 z.write_all(message).ok()?;
                 let z = z.finish().ok()?;
@@ -147,6 +160,45 @@ impl<T> Encodings<T> {
         }
         kept.push_back((answer.clone(), bytes.clone()));
         bytes
+    }
+}
+
+/// The last few answers a follower relayed from the leader, known by their bytes.
+///
+/// The leader answers every caller of a round from one encoding, and a follower relaying the
+/// round's calls gets those bytes once per call. Decoded and encoded again for each caller, as
+/// tonic would, a round of N tasks through a follower cost N decodes and N encodes of N tasks'
+/// answer, each held until its caller read it (and none gzipped). Kept undecoded instead
+/// (`coord_proto::codec::call_undecoded`), an answer equal to a kept one is sent from that one's
+/// buffer, gzipped once; equal bytes are the same answer.
+#[derive(Default)]
+pub struct Relayed {
+    kept: std::sync::Mutex<VecDeque<Arc<AnswerBytes>>>,
+}
+
+/// Relayed answers shorter than this are framed for their caller alone: comparing them with the
+/// kept ones would save nothing, and keeping them would push out the large answers worth sharing.
+const RELAYED_KEPT_FROM: usize = 1024;
+
+impl Relayed {
+    /// `message`'s encoding: the kept one with these bytes, else one made (and kept, if long).
+    pub fn of(&self, message: &[u8]) -> Arc<AnswerBytes> {
+        if message.len() < RELAYED_KEPT_FROM {
+            return Arc::new(AnswerBytes::raw(message));
+        }
+        let mut kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = kept.iter().find(|a| a.message() == message) {
+            return found.clone();
+        }
+        let made = Arc::new(AnswerBytes::raw(message));
+        if kept.len() >= ENCODINGS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(made.clone());
+        made
     }
 }
 
@@ -311,5 +363,29 @@ mod tests {
             HeaderValue::from_static("identity,gzipx"),
         );
         assert!(!accepts_gzip(&h));
+    }
+
+    /// Relayed answers with equal bytes are sent from one buffer; other bytes get their own; short
+    /// ones are framed for their caller alone and never kept.
+    #[test]
+    fn relayed_answers_share_a_buffer_by_their_bytes() {
+        let relayed = Relayed::default();
+        let long = |fill: u8| vec![fill; RELAYED_KEPT_FROM];
+        let first = relayed.of(&long(1));
+        let again = relayed.of(&long(1));
+        assert!(Arc::ptr_eq(&first, &again), "equal bytes, one buffer");
+        assert_eq!(first.message(), &long(1)[..]);
+        let other = relayed.of(&long(2));
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert_eq!(other.message(), &long(2)[..]);
+        // Past the kept few, the oldest goes.
+        for fill in 3..3 + ENCODINGS_KEPT as u8 {
+            relayed.of(&long(fill));
+        }
+        assert!(!Arc::ptr_eq(&first, &relayed.of(&long(1))), "pushed out");
+
+        let (a, b) = (relayed.of(SHORT), relayed.of(SHORT));
+        assert!(!Arc::ptr_eq(&a, &b), "short answers are not kept");
+        assert_eq!((a.message(), b.message()), (SHORT, SHORT));
     }
 }

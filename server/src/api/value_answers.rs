@@ -165,7 +165,7 @@ mod tests {
         let third = get(&cache, "jax/topology", &relayed).expect("shared");
         assert!(Arc::ptr_eq(&first, &third));
         assert_eq!(
-            first.plain_message(),
+            first.message(),
             &answer("jax/topology", &topology).encode_to_vec()[..]
         );
     }

@@ -239,14 +239,16 @@ pub(super) fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasks
 
 /// Calls the replica serving metrics at `http` holds parked (0 if it does not answer).
 pub fn parked_calls(http: std::net::SocketAddr) -> u64 {
-    crate::http::get(http, "/metrics")
-        .ok()
-        .and_then(|(_, m)| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("coord_parked_calls "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
-        .map_or(0, |v| v as u64)
+    metric(http, "coord_parked_calls").map_or(0, |v| v as u64)
+}
+
+/// The value of metric `name` (a sample without labels) at `http`'s `/metrics`; none if the
+/// replica does not answer or does not report it (an older build).
+pub fn metric(http: std::net::SocketAddr, name: &str) -> Option<f64> {
+    let (_, m) = crate::http::get(http, "/metrics").ok()?;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
 }
 
 /// The simulated job.

@@ -26,7 +26,7 @@ use tonic::transport::Channel;
 
 use super::raft_log::{log_cell, log_record_bytes, LogMark};
 use super::tasks::{
-    call_size, cpu_seconds, parked_calls, parked_until, rss_bytes, Spawned, ACCEPT_GZIP,
+    call_size, cpu_seconds, metric, parked_calls, parked_until, rss_bytes, Spawned, ACCEPT_GZIP,
 };
 use super::{disk_usage, mb};
 
@@ -65,6 +65,11 @@ pub struct Args {
     /// task ids in the requests (100,000 tasks: some 30 GB, which this process cannot hold).
     #[arg(long, default_value_t = 30_000)]
     pub own_alive_max: usize,
+    /// The tasks' own calls go to a follower, which relays each to the leader, as jaxlib's do
+    /// when the address it was given is a replica that does not lead (or no longer does, after
+    /// a failover). The sidecars' rounds still go to the leader, as coord-proxy finds it.
+    #[arg(long)]
+    pub via_follower: bool,
     /// Extra flags for every coord replica (e.g. --coord-arg=--election-timeout-max-ms=3000).
     #[arg(long = "coord-arg")]
     pub coord_args: Vec<String>,
@@ -145,7 +150,18 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         _ => Ok(()),
     };
     let replica = cluster.replica(leader);
-    let (grpc, http, data_dir) = (replica.grpc, replica.http, replica.data_dir.clone());
+    let (http, data_dir) = (replica.http, replica.data_dir.clone());
+    // The replica the tasks call, and its process (the leader's, or the follower's that relays).
+    let called = match args.via_follower {
+        true => cluster.other_than(leader),
+        false => leader,
+    };
+    let (grpc, called_pid) = (
+        cluster.replica(called).grpc,
+        cluster
+            .pid(called)
+            .ok_or("the called replica has no process")?,
+    );
     let mark = || -> Result<LogMark, String> {
         let s = cluster.status(leader).ok_or("leader has no /status")?;
         Ok(LogMark {
@@ -174,13 +190,13 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             .map_err(|e| e.to_string())?
             .connect()
             .await
-            .map_err(|e| format!("connect to the leader at {grpc}: {e}"))?;
+            .map_err(|e| format!("connect to replica {called} at {grpc}: {e}"))?;
         channels.push(EagerEnd(ch));
     }
     let channel = |i: usize| &channels[i % channels.len()];
     eprintln!(
-        "coord-bench xla-scale: {tasks} tasks over {connections} connections to the leader \
-         (replica {leader}, pid {pid}), heartbeat every {heartbeat_every:?}"
+        "coord-bench xla-scale: {tasks} tasks over {connections} connections to replica {called} \
+         (the leader is replica {leader}, pid {pid}), heartbeat every {heartbeat_every:?}"
     );
 
     // Registration storm: every task's RegisterTask at once, as the job's processes start.
@@ -270,6 +286,10 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
                 }
             })
         };
+        let called_http = cluster.replica(called).http;
+        let compressions =
+            || metric(called_http, "coord_answer_compressions_total").map_or(0, |n| n as u64);
+        let (called_cpu0, compressions0) = (cpu_seconds(called_pid).unwrap_or(0.0), compressions());
         let before_alive = mark()?;
         let alive_started = Instant::now();
         let already_parked = parked();
@@ -307,6 +327,8 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             .await
             .map_err(|e| wrote(e, before_alive, alive_started))?;
         let alive = answered.duration_since(last_call);
+        let called_cpu_seconds = cpu_seconds(called_pid).unwrap_or(0.0) - called_cpu0;
+        let called_compressions = compressions().saturating_sub(compressions0);
         let alive_log = before_alive.to(mark()?);
         let (alive_listed, alive_answer_bytes) = decoded.ok_or("task 0 got no answer")?;
         if alive_listed != tasks {
@@ -324,6 +346,8 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             alive_listed,
             alive_answer_bytes,
             alive_log,
+            called_cpu_seconds,
+            called_compressions,
         })
     } else {
         eprintln!(
@@ -422,6 +446,10 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     let after = cluster.status(leader).ok_or("leader has no /status")?;
     Ok(Measured {
         tasks,
+        called: match args.via_follower {
+            true => "a follower (relaying)",
+            false => "the leader",
+        },
         connections,
         heartbeat_every,
         register,

@@ -90,6 +90,19 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         r.heartbeats.stalled().as_secs_f64(),
     );
     r.rpcs.render_rpcs(&mut out);
+    let (compressions, compressed_bytes) = crate::api::shared_answer::compressed();
+    counter(
+        &mut out,
+        "coord_answer_compressions_total",
+        "Answers gzip-compressed for callers that accept gzip. An answer every caller of a round shares (a job's devices, a GetAliveTasks round, a large value), on the leader or relayed by a follower, is compressed once for all of them.",
+        compressions,
+    );
+    counter(
+        &mut out,
+        "coord_answer_compressed_bytes_total",
+        "Bytes of the answers counted in coord_answer_compressions_total, before compression.",
+        compressed_bytes,
+    );
 
     let p = &r.proposer;
     gauge(

@@ -30,7 +30,7 @@ use coord_raft_store::state::{DeviceInfo, ErrorEvent};
 use prost::Message;
 
 use crate::api::payloads::{detailed_with, with_payloads};
-use crate::api::shared_answer::{AnswerBytes, SharedAnswer};
+use crate::api::shared_answer::{AnswerBytes, Relayed, SharedAnswer};
 use crate::api::value_answers::{carries_values, ValueAnswers};
 use crate::api::wire::{cluster_devices, devices_from, error_payload};
 use crate::error::{grpc_code, CoordError};
@@ -58,6 +58,8 @@ pub struct TfService {
     /// The last device lists encoded for WaitForAllTasks answers: a whole job released at once
     /// gets each list encoded once, not once per task.
     answers: Mutex<Vec<EncodedDevices>>,
+    /// Answers relayed from the leader, kept by their bytes.
+    relayed: Relayed,
 }
 
 /// How many encoded device lists [`TfService::answers`] keeps (a few namespaces' jobs released
@@ -131,6 +133,7 @@ impl TfService {
             coord,
             values: ValueAnswers::default(),
             answers: Mutex::new(Vec::new()),
+            relayed: Relayed::default(),
         })
     }
 
@@ -169,16 +172,23 @@ impl TfService {
         within_answer_limit(fields, all.len(), ANSWER_LIMIT)
     }
 
-    /// `answer` (built here with [`Self::device_fields`]) whole, encoded once for every caller
-    /// that gets the same one; none for an answer that came decoded from the leader.
+    /// `answer` whole, encoded once for every caller that gets the same one: one built here with
+    /// [`Self::device_fields`], or one relayed from the leader as its bytes (only `encoded`, which
+    /// is then the whole message), shared by equal bytes (see [`Relayed`]).
     fn shared_answer(&self, answer: &tf::WaitForAllTasksResponse) -> Option<SharedAnswer> {
         if answer.encoded.is_empty() {
             return None;
         }
         let mut cache = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = cache.iter_mut().find(|c| {
+        let found = cache.iter_mut().find(|c| {
             c.fields.as_ptr() == answer.encoded.as_ptr() && c.fields.len() == answer.encoded.len()
-        })?;
+        });
+        let Some(entry) = found else {
+            let whole = answer.leader_incarnation == 0
+                && answer.device_info.is_none()
+                && answer.cluster_device_info.is_none();
+            return whole.then(|| SharedAnswer(self.relayed.of(&answer.encoded)));
+        };
         let whole = match &entry.whole {
             Some((incarnation, whole)) if *incarnation == answer.leader_incarnation => {
                 whole.clone()

@@ -16,6 +16,10 @@
 //! (`coordination/XlaAliveAsks`, each set they ask about sent and read once, each ask checked by
 //! [`XlaService::alive_named_with`]) and waits on the round with one `coordination/AwaitAlive`
 //! call ([`XlaService::await_alive_call`]), answered from the same encoding.
+//!
+//! A follower relays the round's calls to the leader and gets its encoding's bytes back for
+//! each: it keeps them undecoded and sends every caller of the round the first copy
+//! ([`Relayed`](crate::api::shared_answer::Relayed)).
 
 use std::sync::Arc;
 
@@ -27,17 +31,11 @@ use futures::FutureExt;
 use tonic::{Request, Response, Status};
 
 use super::errors::id_of;
-use super::{client, served, XlaService};
-use crate::api::coordination::client as coordination_client;
+use super::{served, XlaService};
 use crate::api::shared_answer::{AnswerBytes, SharedAnswer};
 use crate::error::CoordError;
+use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use crate::serve::route::Kind;
-
-/// A routed call's answer: the leader's own, encoded once; or one relayed from the leader.
-enum Routed {
-    Shared(Arc<AnswerBytes>),
-    Relayed(xla::GetAliveTasksResponse),
-}
 
 /// A GetAliveTasks request as it is routed and waits.
 #[derive(Clone)]
@@ -127,12 +125,12 @@ impl XlaService {
                         Ask::Listed(m) => this.task_set(&m.task_ids, "task_ids")?,
                     };
                     let alive = this.coord.get_alive(id, source, set).await?;
-                    Ok(Routed::Shared(this.encoded(&alive)))
+                    Ok(this.encoded(&alive))
                 })
             },
-            |ch, r| async move {
-                let answer = client(ch).get_alive_tasks(r.map(Ask::into_request)).await?;
-                Ok(answer.map(Routed::Relayed))
+            move |ch, r| {
+                let r = r.map(Ask::into_request);
+                this.relay(ch, r, "/xla.coordination.CoordinationService/GetAliveTasks")
             },
         );
         Either::Right(routed.map(answered))
@@ -179,15 +177,25 @@ impl XlaService {
                     })?;
                     let set = this.task_set(&m.task_ids, "task_ids")?;
                     let alive = this.coord.await_alive(set, generation).await?;
-                    Ok(Routed::Shared(this.encoded(&alive)))
+                    Ok(this.encoded(&alive))
                 })
             },
-            |ch, r| async move {
-                let answer = coordination_client(ch).await_alive(r).await?;
-                Ok(answer.map(Routed::Relayed))
-            },
+            move |ch, r| this.relay(ch, r, "/coord.coordination.Coordination/AwaitAlive"),
         );
         routed.map(answered)
+    }
+
+    /// Method `path` on the leader's channel `ch`: the round's answer as the leader encoded it,
+    /// shared with the other callers of the round that this replica relays.
+    async fn relay<Req: prost::Message + Send + 'static>(
+        &self,
+        ch: PeerChannel,
+        req: Request<Req>,
+        path: &'static str,
+    ) -> Result<Response<Arc<AnswerBytes>>, Status> {
+        let answer =
+            coord_proto::codec::call_undecoded(ch, req, path, PEER_MESSAGE_LIMIT, false).await?;
+        Ok(answer.map(|message| self.relayed.of(&message)))
     }
 
     /// A round's answer, encoded once for every caller that gets it.
@@ -202,17 +210,13 @@ impl XlaService {
     }
 }
 
-/// A routed call's response: the leader's own answer sent from its shared bytes (the message stays
-/// empty: the response layer sends the bytes instead), or the one relayed from the leader.
+/// A routed call's response, sent from the round's shared bytes (the message stays empty: the
+/// response layer sends the bytes instead).
 fn answered(
-    routed: Result<Response<Routed>, Status>,
+    routed: Result<Response<Arc<AnswerBytes>>, Status>,
 ) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
-    Ok(match routed?.into_inner() {
-        Routed::Shared(bytes) => {
-            let mut r = Response::new(xla::GetAliveTasksResponse::default());
-            r.extensions_mut().insert(SharedAnswer(bytes));
-            r
-        }
-        Routed::Relayed(answer) => Response::new(answer),
-    })
+    let mut r = Response::new(xla::GetAliveTasksResponse::default());
+    r.extensions_mut()
+        .insert(SharedAnswer(routed?.into_inner()));
+    Ok(r)
 }

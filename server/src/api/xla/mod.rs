@@ -47,6 +47,8 @@ pub struct XlaService {
     values: crate::api::value_answers::ValueAnswers,
     /// GetAliveTasks rounds' answers, encoded once for every asker (see `alive`).
     alive: crate::api::shared_answer::Encodings<Vec<(TaskName, u64)>>,
+    /// The same answers as a follower relays them from the leader, kept by their bytes.
+    relayed: crate::api::shared_answer::Relayed,
     /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
     job: Option<String>,
 }
@@ -93,6 +95,7 @@ impl XlaService {
             coord,
             values: Default::default(),
             alive: Default::default(),
+            relayed: Default::default(),
             job,
         })
     }

@@ -10,6 +10,8 @@ use super::super::xla_sidecars::SidecarRound;
 /// One size's run.
 pub struct Measured {
     pub tasks: usize,
+    /// Whom the tasks' connections go to: the leader, or a follower that relays their calls.
+    pub called: &'static str,
     pub connections: usize,
     pub heartbeat_every: Duration,
     /// RegisterTask: from the first call to the last answer.
@@ -50,6 +52,10 @@ pub struct OwnAlive {
     pub alive_listed: usize,
     pub alive_answer_bytes: usize,
     pub alive_log: LogGrowth,
+    /// CPU-seconds the replica the tasks call spent over the round, and the answers it
+    /// gzip-compressed meanwhile (`coord_answer_compressions_total`).
+    pub called_cpu_seconds: f64,
+    pub called_compressions: u64,
 }
 
 /// The table: a row per measure, a column per size.
@@ -69,8 +75,8 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
         sizes.join(" | ")
     );
     println!("|---|{}", "---:|".repeat(runs.len()));
-    row("connections to the leader (tasks share them)", &|m| {
-        m.connections.to_string()
+    row("connections (tasks share them)", &|m| {
+        format!("{} to {}", m.connections, m.called)
     });
     row("RegisterTask storm: first call to last answer", &|m| {
         let s = m.register.as_secs_f64();
@@ -119,6 +125,14 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
     row("... Raft log the round wrote (leader)", &|m| {
         own_alive(m, &|a| log_cell(&a.alive_log, Some(m.tasks)))
     });
+    row(
+        "... CPU of the replica the tasks call, over the round; answers it compressed",
+        &|m| {
+            own_alive(m, &|a| {
+                format!("{:.2} s; {}", a.called_cpu_seconds, a.called_compressions)
+            })
+        },
+    );
     row(
         "... leader memory per parked GetAliveTasks call, over heartbeating",
         &|m| {
