@@ -147,20 +147,35 @@ impl<T> Default for Encodings<T> {
 impl<T> Encodings<T> {
     /// `answer`'s encoding: made with `encode` by its first caller, shared by the others.
     pub fn of(&self, answer: &Arc<T>, encode: impl FnOnce(&T) -> AnswerBytes) -> Arc<AnswerBytes> {
-        let mut kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, bytes)) = kept.iter().find(|(a, _)| Arc::ptr_eq(a, answer)) {
-            return bytes.clone();
-        }
-        let bytes = Arc::new(encode(answer));
-        if kept.len() >= ENCODINGS_KEPT {
-            kept.pop_front();
-        }
-        kept.push_back((answer.clone(), bytes.clone()));
+        let (_, bytes) = kept_or_made(
+            &self.kept,
+            |(a, _)| Arc::ptr_eq(a, answer),
+            || (answer.clone(), Arc::new(encode(answer))),
+        );
         bytes
     }
+}
+
+/// The kept entry `found` picks, else one `made` and kept in place of the oldest past
+/// [`ENCODINGS_KEPT`]: how [`Encodings`] and [`Relayed`] keep the few answers a job waits for at
+/// about the same time.
+fn kept_or_made<K: Clone>(
+    kept: &std::sync::Mutex<VecDeque<K>>,
+    found: impl Fn(&K) -> bool,
+    made: impl FnOnce() -> K,
+) -> K {
+    let mut kept = kept
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(k) = kept.iter().find(|k| found(k)) {
+        return k.clone();
+    }
+    let k = made();
+    if kept.len() >= ENCODINGS_KEPT {
+        kept.pop_front();
+    }
+    kept.push_back(k.clone());
+    k
 }
 
 /// The last few answers a follower relayed from the leader, known by their bytes.
@@ -186,19 +201,11 @@ impl Relayed {
         if message.len() < RELAYED_KEPT_FROM {
             return Arc::new(AnswerBytes::raw(message));
         }
-        let mut kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(found) = kept.iter().find(|a| a.message() == message) {
-            return found.clone();
-        }
-        let made = Arc::new(AnswerBytes::raw(message));
-        if kept.len() >= ENCODINGS_KEPT {
-            kept.pop_front();
-        }
-        kept.push_back(made.clone());
-        made
+        kept_or_made(
+            &self.kept,
+            |a| a.message() == message,
+            || Arc::new(AnswerBytes::raw(message)),
+        )
     }
 }
 

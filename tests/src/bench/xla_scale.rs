@@ -152,9 +152,10 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     let replica = cluster.replica(leader);
     let (http, data_dir) = (replica.http, replica.data_dir.clone());
     // The replica the tasks call, and its process (the leader's, or the follower's that relays).
-    let called = match args.via_follower {
-        true => cluster.other_than(leader),
-        false => leader,
+    let called = if args.via_follower {
+        cluster.other_than(leader)
+    } else {
+        leader
     };
     let (grpc, called_pid) = (
         cluster.replica(called).grpc,
@@ -446,9 +447,10 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     let after = cluster.status(leader).ok_or("leader has no /status")?;
     Ok(Measured {
         tasks,
-        called: match args.via_follower {
-            true => "a follower (relaying)",
-            false => "the leader",
+        called: if args.via_follower {
+            "a follower (relaying)"
+        } else {
+            "the leader"
         },
         connections,
         heartbeat_every,
