@@ -8,7 +8,7 @@ use crate::cluster::workspace_binary;
 
 /// Runs `coordctl --endpoints ... ARGS`.
 pub fn coordctl(endpoints: &[String], args: &[&str]) -> Output {
-    Command::new(workspace_binary("coord-agent", "coordctl", None))
+    Command::new(workspace_binary("coordctl", None))
         .arg("--endpoints")
         .arg(endpoints.join(","))
         .args(args)
@@ -38,7 +38,7 @@ pub fn coordctl_json(endpoints: &[String], args: &[&str]) -> Value {
 pub fn coordctl_with_stdin(endpoints: &[String], args: &[&str], input: Vec<u8>) -> Output {
     use std::io::Write;
     use std::process::Stdio;
-    let mut child = Command::new(workspace_binary("coord-agent", "coordctl", None))
+    let mut child = Command::new(workspace_binary("coordctl", None))
         .arg("--endpoints")
         .arg(endpoints.join(","))
         .args(args)

@@ -27,7 +27,7 @@ impl WorkerProc {
     pub fn start_in(endpoints: &[String], heartbeat_ms: u64, namespace: Option<&str>) -> Self {
         let port = free_ports(1)[0];
         let address = format!("127.0.0.1:{port}");
-        let child = Command::new(workspace_binary("coord-agent", "data-worker", None))
+        let child = Command::new(workspace_binary("data-worker", None))
             .args(["--coordinators", &endpoints.join(",")])
             .args(namespace.map(|n| ["--namespace", n]).into_iter().flatten())
             .args(["--listen", &address])

@@ -119,7 +119,7 @@ impl Sidecar {
 
     /// A sidecar with extra flags (e.g. `--tls-ca`, `--tls-cert`, `--tls-key`).
     pub fn start_with(endpoints: &[String], extra: &[String]) -> Sidecar {
-        let bin = workspace_binary("coord-agent", "coord-proxy", Some("COORD_PROXY_BIN"));
+        let bin = workspace_binary("coord-proxy", Some("COORD_PROXY_BIN"));
         let port = free_ports(1)[0];
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(bin);

@@ -32,7 +32,7 @@ impl LinkWorker {
     /// Starts task `task_id` of job `worker` against the ensemble at `endpoints`, with `args`
     /// (`--role`, `--partner`, `--watch`, …) added.
     pub fn start(endpoints: &[String], task_id: u32, args: &[&str]) -> Self {
-        let mut child = Command::new(workspace_binary("coord-agent", "link-worker", None))
+        let mut child = Command::new(workspace_binary("link-worker", None))
             .args(["--coordinators", &endpoints.join(",")])
             .args(["--task-id", &task_id.to_string()])
             .args(args)

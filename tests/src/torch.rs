@@ -144,7 +144,7 @@ impl StoreSidecar {
 
     /// The same, with more coord-proxy flags (`--namespace NAME`, a job's shape).
     pub fn start_with(endpoints: &[String], extra: &[&str]) -> StoreSidecar {
-        let bin = workspace_binary("coord-agent", "coord-proxy", Some("COORD_PROXY_BIN"));
+        let bin = workspace_binary("coord-proxy", Some("COORD_PROXY_BIN"));
         let ports = free_ports(2);
         let store = format!("127.0.0.1:{}", ports[1]);
         let mut cmd = Command::new(bin);

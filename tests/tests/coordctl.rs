@@ -168,7 +168,7 @@ async fn coordctl_kv_watch_and_exit_codes() {
     let eps = cluster.endpoints();
 
     // A watch prints each change as one JSON line.
-    let mut watch = Command::new(workspace_binary("coord-agent", "coordctl", None))
+    let mut watch = Command::new(workspace_binary("coordctl", None))
         .arg("--endpoints")
         .arg(eps.join(","))
         .args(["-o", "json", "kv", "watch", "cfg"])

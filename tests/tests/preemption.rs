@@ -17,7 +17,7 @@ use coord_tools::demo::{run_job, JobOptions, JobOutcome, Scenario};
 
 /// `coord-demo`, a binary of `coord-tools` (built on first use).
 fn demo() -> PathBuf {
-    workspace_binary("coord-tools", "coord-demo", None)
+    workspace_binary("coord-demo", None)
 }
 
 async fn job(scenario: Scenario) -> JobOutcome {

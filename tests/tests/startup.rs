@@ -252,8 +252,7 @@ async fn a_second_process_on_a_data_dir_is_refused_naming_the_holder() {
     let mut c = Cluster::start(ClusterOptions::default());
     c.wait_for_leader(TIMEOUT).await;
     let holder = c.pid(2).expect("replica 2 runs");
-    let bin =
-        coord_tools::process::workspace_binary("coord-server", "coordinator", Some("COORD_BIN"));
+    let bin = coord_tools::process::workspace_binary("coordinator", Some("COORD_BIN"));
     let mut second = std::process::Command::new(bin)
         .args(c.args_of(2))
         .stdout(std::process::Stdio::null())

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 /// `COORD_BIN` overrides it.
 pub fn coordinator_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_binary("coord-server", "coordinator", Some("COORD_BIN")))
+    BIN.get_or_init(|| workspace_binary("coordinator", Some("COORD_BIN")))
         .clone()
 }
 
@@ -43,10 +43,18 @@ pub fn send_signal(target: i64, sig: &str) {
         .status();
 }
 
-/// Binary `bin` of workspace package `package`, built with cargo in the profile of the running
-/// binary (a test cannot name another package's binary through `CARGO_BIN_EXE_*`). The environment
-/// variable `env_override`, if given and set, names a binary to use instead.
-pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) -> PathBuf {
+/// Binary `bin` of this workspace, built with cargo in the profile of the running binary (a test
+/// cannot name another package's binary through `CARGO_BIN_EXE_*`). The environment variable
+/// `env_override`, if given and set, names a binary to use instead.
+///
+/// Built with the dependencies' features resolved for the whole workspace (`--workspace --bin`),
+/// and from a test with the test targets too (already fresh under `cargo test --workspace`; their
+/// dev-dependencies take part in resolving the features): the features `cargo test --workspace`
+/// resolved, so nothing is compiled twice. Built with `-p` of its own package, a binary's
+/// dependencies got that package's features only, and on a cold 2-core machine CI's first test
+/// waited minutes while cargo compiled a second copy of the dependency tree and of the
+/// workspace's crates for the coordinator, and again for coord-agent's binaries.
+pub fn workspace_binary(bin: &str, env_override: Option<&str>) -> PathBuf {
     if let Some(p) = env_override.and_then(|v| std::env::var(v).ok()) {
         return PathBuf::from(p);
     }
@@ -58,9 +66,10 @@ pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) ->
     if let Some((_, p)) = built.iter().find(|(b, _)| b == bin) {
         return p.clone();
     }
+    let exe = std::env::current_exe().expect("current_exe");
+    let in_test = exe.parent().is_some_and(|d| d.ends_with("deps"));
     let profile_dir = profile_dir();
     let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-    let release = profile_dir.ends_with("release");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace");
@@ -69,14 +78,16 @@ pub fn workspace_binary(package: &str, bin: &str, env_override: Option<&str>) ->
         .args([
             "build",
             "--quiet",
-            "-p",
-            package,
+            "--workspace",
             "--bin",
             bin,
             "--target-dir",
         ])
         .arg(&target_dir);
-    if release {
+    if in_test {
+        cmd.arg("--tests");
+    }
+    if profile_dir.ends_with("release") {
         cmd.arg("--release");
     }
     let status = cmd

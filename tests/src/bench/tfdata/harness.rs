@@ -111,7 +111,7 @@ pub(super) async fn start_proxy(
     cluster: &Cluster,
     args: &Args,
 ) -> Result<(Guarded, String), String> {
-    let bin = workspace_binary("coord-agent", "coord-proxy", Some("COORD_PROXY_BIN"));
+    let bin = workspace_binary("coord-proxy", Some("COORD_PROXY_BIN"));
     let addr = format!("127.0.0.1:{}", free_ports(1)[0]);
     let endpoints = cluster.endpoints().join(",");
     let mut cmd = Command::new(bin);
