@@ -20,13 +20,19 @@ pub fn coordinator_binary() -> PathBuf {
 
 /// `target/<profile>` of the running binary (a test, or a tool run from the workspace).
 pub fn profile_dir() -> PathBuf {
-    // target/<profile>/deps/<test binary> → target/<profile>
+    running_from().0
+}
+
+/// `target/<profile>` of the running binary, and whether it is a test (cargo puts tests in
+/// `target/<profile>/deps/`).
+fn running_from() -> (PathBuf, bool) {
     let exe = std::env::current_exe().expect("current_exe");
     let mut dir = exe.parent().expect("exe dir").to_path_buf();
-    if dir.ends_with("deps") {
+    let in_test = dir.ends_with("deps");
+    if in_test {
         dir.pop();
     }
-    dir
+    (dir, in_test)
 }
 
 /// Sends signal `sig` (`TERM`, `STOP`, `KILL`, …) to process `target`, or to process group `-target`
@@ -66,9 +72,7 @@ pub fn workspace_binary(bin: &str, env_override: Option<&str>) -> PathBuf {
     if let Some((_, p)) = built.iter().find(|(b, _)| b == bin) {
         return p.clone();
     }
-    let exe = std::env::current_exe().expect("current_exe");
-    let in_test = exe.parent().is_some_and(|d| d.ends_with("deps"));
-    let profile_dir = profile_dir();
+    let (profile_dir, in_test) = running_from();
     let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
