@@ -1,7 +1,7 @@
 //! coord-agent: the task side of coord.
 //!
 //! The modules, bottom up. Each uses only modules listed before it, so there is no import circle
-//! (`tests/tests/all/house.rs` checks every crate for one):
+//! (`tests/tests/house.rs` checks every crate for one):
 //!
 //! - [`open_files`]: a process's open files limit, raised to what the host allows.
 //! - [`client`]: [`CoordClient`], a client of the whole ensemble: it knows every replica, goes to

@@ -1,7 +1,7 @@
 //! coord-proto: every wire schema of coord, compiled by `build.rs` with `protox`.
 //!
 //! The modules, bottom up. Each uses only modules listed before it, so there is no import circle
-//! (`tests/tests/all/house.rs` checks every crate for one):
+//! (`tests/tests/house.rs` checks every crate for one):
 //!
 //! - [`codec`]: the prost codec every service uses, with small initial buffers.
 //! - [`fuzz`]: the deterministic random stream of the fuzz tests.

@@ -26,7 +26,7 @@
 //! Two uses go down-to-up, and neither closes a circle: `ops::tls`, which assembles a replica's
 //! TLS, makes the Raft links' (`raft::link_tls`), and a leadership hand-off (`raft::handoff`)
 //! drains `serve::proposer`. No file uses another that uses it back, directly or round a longer
-//! circle: `tests/tests/all/house.rs` checks every crate for one.
+//! circle: `tests/tests/house.rs` checks every crate for one.
 
 pub mod api;
 pub mod error;

@@ -2,7 +2,7 @@
 //! `coord-demo`) are in `coord-tools`; the preemption tests drive `coord-demo`'s job from there.
 //!
 //! The modules, bottom up. Each uses only modules listed before it, so there is no import circle
-//! (`tests/tests/all/house.rs` checks every crate for one):
+//! (`tests/tests/house.rs` checks every crate for one):
 //!
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics` (`coord-tools`').
 //! - [`venv`]: Python venvs for the tests that run a real Python library, and the guard that

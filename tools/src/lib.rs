@@ -5,7 +5,7 @@
 //! it) and `coord-demo` (a training job that survives the preemption of its chief).
 //!
 //! The modules, bottom up. Each uses only modules listed before it, so there is no import circle
-//! (`tests/tests/all/house.rs` checks every crate for one):
+//! (`tests/tests/house.rs` checks every crate for one):
 //!
 //! - [`http`]: a minimal HTTP/1.1 GET for `/status`, `/readyz` and `/metrics`.
 //! - [`process`]: finding (building) this workspace's binaries, free loopback ports, signals.

@@ -131,7 +131,7 @@ impl CoordCore {
     /// is one, from this (leader) replica's applied state: a heartbeat's answer (TensorFlow's
     /// agents learn of other tasks' failures that way, see `api::tf`). Every heartbeat is
     /// answered with it until the task registers again: answered once only, TensorFlow 2.21's
-    /// agent never acted on it (`tests/tests/all/tensorflow.rs::a_killed_worker_fails_the_others`).
+    /// agent never acted on it (`tests/tests/tensorflow.rs::a_killed_worker_fails_the_others`).
     pub fn unseen_error(&self, task: &TaskName) -> Result<Option<ErrorEvent>, CoordError> {
         self.with_cluster(|c| {
             c.tasks

@@ -8,7 +8,7 @@
 //!
 //! ```sh
 //! COORD_BIN=<its coordinator> COORD_FIXTURE_OUT=tests/fixtures \
-//!   cargo test -p coord-tests --test all dispatcher_upgrade::write_the_fixture -- --ignored
+//!   cargo test -p coord-tests --test dispatcher_upgrade write_the_fixture -- --ignored
 //! ```
 //!
 //! Its replicas listen on 127.66.0.{1,2,3} (data directories name their ensemble's addresses),

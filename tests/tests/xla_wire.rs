@@ -1,6 +1,6 @@
 //! The XLA surface at the wire, where jaxlib's Python API (0.10 and 0.12 alike) does not reach:
 //! error payloads, the service-incarnation check, WatchTasks, ReportErrorToService, gzip, bad task
-//! ids, GetAliveTasks through a follower. (tests/tests/all/jax.rs runs the real client.)
+//! ids, GetAliveTasks through a follower. (tests/tests/jax.rs runs the real client.)
 
 use std::time::Duration;
 
