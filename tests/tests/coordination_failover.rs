@@ -11,6 +11,9 @@ use coord_tests::coord_suite::{assert_code, w, Env, LEADER_TIMEOUT};
 use tonic::transport::Channel;
 use tonic::Code;
 
+#[path = "coordination_failover/follower.rs"]
+mod follower;
+
 async fn leader_of(env: &mut Env) -> u64 {
     env.cluster.wait_for_leader(LEADER_TIMEOUT).await
 }

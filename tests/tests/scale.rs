@@ -66,6 +66,8 @@ async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
         [leader, follower].map(|id| env.cluster.metric(id, "coord_answer_compressions_total"))
     };
     let before = compressions(&env);
+    let follower_waits = |env: &Env| env.cluster.metric(follower, "coord_relayed_waits_total");
+    let waits_before = follower_waits(&env);
     // Even tasks accept gzip (as TF's clients do), odd ones do not; tasks 2-3 of every four call
     // a follower, which relays their calls to the leader; the last OLD tasks send their device as
     // releases before 2.1x did.
@@ -131,6 +133,19 @@ async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
         [after[0] - before[0], after[1] - before[1]],
         [1.0, 2.0],
         "answers compressed by the leader and by the follower"
+    );
+    // The follower recorded each caller's arrival on the leader and fetched the devices once per
+    // form its callers read (TF 2.21's and the older releases'), not once per caller (150
+    // copies). A caller whose arrival completed the gathering may look after every other caller
+    // of its form had its answer: then a second fetch, answered at once.
+    let fetched = follower_waits(&env) - waits_before;
+    assert!(
+        (2.0..=4.0).contains(&fetched),
+        "the follower fetched the devices {fetched} times for its 150 callers of 2 forms"
+    );
+    assert_eq!(
+        env.cluster.metric(follower, "coord_relayed_waiting_calls"),
+        0.0
     );
 }
 

@@ -44,6 +44,16 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         own.called_compressions, 1,
         "answers the follower compressed over the round"
     );
+    // The follower recorded each call's ask on the leader and waited on the round there for all
+    // of its callers at once, rather than parking each call on the leader and getting a copy of
+    // the answer for each (2,000 copies). A caller whose ask finished the round may look after
+    // every other caller of the round had its answer and the shared wait was gone: then a second
+    // wait, answered at once.
+    assert!(
+        (1..=2).contains(&own.called_round_waits),
+        "the follower waited on the round on the leader {} times for its {TASKS} callers",
+        own.called_round_waits
+    );
     // A call's entry is its task and the set's one run, with the command's framing: well
     // under 1 KB (the list was 13 bytes a task: 26 KB).
     for (phase, log) in [

@@ -308,9 +308,12 @@ async fn reported_errors_reach_pollers_and_watchers() {
     drop(env.cluster);
 }
 
-/// GetAliveTasks is routed as runs of task numbers and sent to the leader as jaxlib's list again:
-/// asked through a follower and through the leader, in any order and with repeats, it answers
-/// the live tasks in task order; a task id not of the job is refused by name, through either.
+/// GetAliveTasks is routed as runs of task numbers: asked through a follower and through the
+/// leader, in any order and with repeats, it answers the live tasks in task order; a task id not
+/// of the job is refused by name, through either. The follower records each call's ask on the
+/// leader and waits on the round there once for all its callers of it; an ask the leader refuses
+/// (a stale service incarnation) ends with the error of the call through the leader, code,
+/// message and payloads alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_alive_tasks_answers_through_follower_and_leader() {
     let mut env = env().await;
@@ -339,6 +342,52 @@ async fn get_alive_tasks_answers_through_follower_and_leader() {
         assert_eq!(answer.alive_task_ids, vec![0, 1], "task {task}");
         assert_eq!(answer.incarnations, vec![100, 101], "task {task}");
     }
+
+    // A second round, both tasks through the follower: one wait on the leader for the two (or a
+    // second, answered at once, when the first caller had its answer before the second looked).
+    let waits = || env.cluster.metric(follower, "coord_relayed_waits_total");
+    let waits_before = waits();
+    let (a0, a1) = tokio::join!(
+        ask(via_follower.clone(), 0, vec![0, 1]),
+        ask(via_follower.clone(), 1, vec![1, 0]),
+    );
+    for (task, answer) in [(0, a0), (1, a1)] {
+        let answer = answer
+            .unwrap_or_else(|e| panic!("task {task} asked again: {e:?}"))
+            .into_inner();
+        assert_eq!(answer.alive_task_ids, vec![0, 1], "task {task}, round 2");
+        assert_eq!(answer.incarnations, vec![100, 101], "task {task}, round 2");
+    }
+    let sent = waits() - waits_before;
+    assert!(
+        (1.0..=2.0).contains(&sent),
+        "the follower waited on round 2 on the leader {sent} times for its 2 callers"
+    );
+    assert_eq!(
+        env.cluster.metric(follower, "coord_relayed_waiting_calls"),
+        0.0
+    );
+
+    let stale = |mut c: Client| async move {
+        c.get_alive_tasks(xla::GetAliveTasksRequest {
+            incarnations: incarnations(0, service ^ 1),
+            requesting_task_id: 0,
+            task_ids: vec![0, 1],
+        })
+        .await
+        .expect_err("a stale service incarnation")
+    };
+    let (through_follower, through_leader) = (
+        stale(via_follower.clone()).await,
+        stale(via_leader.clone()).await,
+    );
+    assert_eq!(
+        through_follower.code(),
+        through_leader.code(),
+        "{through_follower:?}"
+    );
+    assert_eq!(through_follower.message(), through_leader.message());
+    assert_eq!(payloads(&through_follower), payloads(&through_leader));
 
     for c in [via_follower, via_leader] {
         let err = ask(c, 0, vec![0, 9])

@@ -18,6 +18,7 @@
 //! - [`oversized`]: a message over the size limit answers `RESOURCE_EXHAUSTED`.
 //! - [`payloads`]: error details as TensorFlow's and XLA's clients read them.
 //! - [`shared_answer`]: answers every task gets alike, sent from one buffer (gzipped once).
+//! - [`relayed_waits`]: a follower's callers of one round waiting on the leader with one call.
 //! - [`deferred`]: a call that waits answers after its headers, keeping only its own future.
 //! - [`value_answers`]: large key-value answers many tasks read alike, encoded once.
 
@@ -52,6 +53,7 @@ pub mod namespaces;
 pub mod oversized;
 pub mod payloads;
 pub mod raw_kv;
+pub mod relayed_waits;
 pub mod rewrite;
 pub mod shared_answer;
 pub mod tf;

@@ -185,10 +185,13 @@ fn kept_or_made<K: Clone>(
 /// tonic would, a round of N tasks through a follower cost N decodes and N encodes of N tasks'
 /// answer, each held until its caller read it (and none gzipped). Kept undecoded instead
 /// (`coord_proto::codec::call_undecoded`), an answer equal to a kept one is sent from that one's
-/// buffer, gzipped once; equal bytes are the same answer.
+/// buffer, gzipped once; equal bytes are the same answer. Each is kept with the bytes it was
+/// made from, so that callers handed the same buffer (the callers of a round waiting on the
+/// leader with one call, see `api::relayed_waits`) find it by address, not by comparing a
+/// whole job's answer once per caller.
 #[derive(Default)]
 pub struct Relayed {
-    kept: std::sync::Mutex<VecDeque<Arc<AnswerBytes>>>,
+    kept: std::sync::Mutex<VecDeque<(Bytes, Arc<AnswerBytes>)>>,
 }
 
 /// Relayed answers shorter than this are framed for their caller alone: comparing them with the
@@ -197,15 +200,14 @@ const RELAYED_KEPT_FROM: usize = 1024;
 
 impl Relayed {
     /// `message`'s encoding: the kept one with these bytes, else one made (and kept, if long).
-    pub fn of(&self, message: &[u8]) -> Arc<AnswerBytes> {
+    pub fn of(&self, message: &Bytes) -> Arc<AnswerBytes> {
         if message.len() < RELAYED_KEPT_FROM {
             return Arc::new(AnswerBytes::raw(message));
         }
-        kept_or_made(
-            &self.kept,
-            |a| a.message() == message,
-            || Arc::new(AnswerBytes::raw(message)),
-        )
+        let same = |from: &Bytes| from.as_ptr() == message.as_ptr() && from.len() == message.len();
+        let found = |(from, a): &(Bytes, Arc<AnswerBytes>)| same(from) || a.message() == message;
+        let made = || (message.clone(), Arc::new(AnswerBytes::raw(message)));
+        kept_or_made(&self.kept, found, made).1
     }
 }
 
@@ -377,7 +379,7 @@ mod tests {
     #[test]
     fn relayed_answers_share_a_buffer_by_their_bytes() {
         let relayed = Relayed::default();
-        let long = |fill: u8| vec![fill; RELAYED_KEPT_FROM];
+        let long = |fill: u8| Bytes::from(vec![fill; RELAYED_KEPT_FROM]);
         let first = relayed.of(&long(1));
         let again = relayed.of(&long(1));
         assert!(Arc::ptr_eq(&first, &again), "equal bytes, one buffer");
@@ -391,7 +393,13 @@ mod tests {
         }
         assert!(!Arc::ptr_eq(&first, &relayed.of(&long(1))), "pushed out");
 
-        let (a, b) = (relayed.of(SHORT), relayed.of(SHORT));
+        // The same buffer handed to several callers is found by its address.
+        let shared = long(9);
+        let by_address = relayed.of(&shared);
+        assert!(Arc::ptr_eq(&by_address, &relayed.of(&shared.clone())));
+
+        let short = Bytes::from_static(SHORT);
+        let (a, b) = (relayed.of(&short), relayed.of(&short));
         assert!(!Arc::ptr_eq(&a, &b), "short answers are not kept");
         assert_eq!((a.message(), b.message()), (SHORT, SHORT));
     }

@@ -33,6 +33,11 @@ pub struct Args {
     pub sizes: Vec<usize>,
     #[command(flatten)]
     pub job: super::scale::JobShape,
+    /// coord's tasks (task 0 among them) call a follower, which relays their calls to the
+    /// leader, as they do when the address they were given is a replica that does not lead (or
+    /// no longer does, after a failover). TensorFlow's service is one process either way.
+    #[arg(long)]
+    pub via_follower: bool,
 }
 
 /// Heartbeat timeout on both services: nothing heartbeats but task 0's agent.
@@ -69,7 +74,14 @@ pub async fn run(args: Args) -> Result<(), String> {
         eprintln!("coord-bench wait-for-all: {n} tasks, TensorFlow's own service");
         let theirs = tensorflows(&tf, n, connections, args.job.device_bytes).await?;
         eprintln!("coord-bench wait-for-all: {n} tasks, coord");
-        let ours = coords(&tf, n, connections, args.job.device_bytes).await?;
+        let ours = coords(
+            &tf,
+            n,
+            connections,
+            args.job.device_bytes,
+            args.via_follower,
+        )
+        .await?;
         rows.push((n, connections, theirs, ours));
     }
     print(&rows, args.job.device_bytes, args.job.no_gzip);
@@ -89,12 +101,14 @@ async fn tensorflows(
     phase(&host, &addr, n, connections, device_bytes, pid, &|| 1).await
 }
 
-/// A coord ensemble (`--job worker=N`), task 0 pointed at its leader.
+/// A coord ensemble (`--job worker=N`), the tasks pointed at its leader (or at a follower,
+/// `via_follower`).
 async fn coords(
     tf: &Tf,
     n: usize,
     connections: usize,
     device_bytes: usize,
+    via_follower: bool,
 ) -> Result<Phase, String> {
     let mut cluster = crate::Cluster::start(crate::ClusterOptions {
         extra_args: vec![
@@ -108,11 +122,30 @@ async fn coords(
     });
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
     let pid = cluster.pid(leader).ok_or("the leader has no process")?;
-    let addr = cluster.replica(leader).grpc.to_string();
+    let called = if via_follower {
+        cluster.other_than(leader)
+    } else {
+        leader
+    };
+    let addr = cluster.replica(called).grpc.to_string();
     let own = format!("127.0.0.1:{}", crate::cluster::free_ports(1)[0]);
     let host = host(tf, &own, &addr, n);
     let term = || cluster.status(leader).map_or(0, |s| s.term);
-    phase(&host, &addr, n, connections, device_bytes, pid, &term).await
+    let waits = || {
+        let metric =
+            super::tasks::metric(cluster.replica(called).http, "coord_relayed_waits_total");
+        metric.map_or(0, |n| n as u64)
+    };
+    let waits_before = waits();
+    let measured = phase(&host, &addr, n, connections, device_bytes, pid, &term).await;
+    if via_follower {
+        eprintln!(
+            "coord-bench wait-for-all: through follower {called} (leader {leader}): it waited on \
+             the leader {} times for its callers",
+            waits().saturating_sub(waits_before)
+        );
+    }
+    measured
 }
 
 /// Task 0: `coordination_host.py` at `own`, its service `leader` ("self": it hosts it).

@@ -181,8 +181,18 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         ),
         Err(_) => e,
     };
-    // Calls the leader holds parked (only the leader parks any).
-    let parked = move || parked_calls(http);
+    // Calls the leader holds parked (only the leader parks any), and the GetAliveTasks calls a
+    // follower the tasks call holds while their rounds finish (it waits on each round on the
+    // leader once, for all of them).
+    let called_http = cluster.replica(called).http;
+    let parked = move || {
+        let relayed = if called == leader {
+            0
+        } else {
+            metric(called_http, "coord_relayed_waiting_calls").map_or(0, |n| n as u64)
+        };
+        parked_calls(http) + relayed
+    };
 
     let connections = tasks.div_ceil(args.tasks_per_connection.max(1));
     let mut channels = Vec::with_capacity(connections);
@@ -287,10 +297,11 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
                 }
             })
         };
-        let called_http = cluster.replica(called).http;
-        let compressions =
-            || metric(called_http, "coord_answer_compressions_total").map_or(0, |n| n as u64);
+        let counted = |name| metric(called_http, name).map_or(0, |n| n as u64);
+        let compressions = || counted("coord_answer_compressions_total");
+        let round_waits = || counted("coord_relayed_waits_total");
         let (called_cpu0, compressions0) = (cpu_seconds(called_pid).unwrap_or(0.0), compressions());
+        let round_waits0 = round_waits();
         let before_alive = mark()?;
         let alive_started = Instant::now();
         let already_parked = parked();
@@ -330,6 +341,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         let alive = answered.duration_since(last_call);
         let called_cpu_seconds = cpu_seconds(called_pid).unwrap_or(0.0) - called_cpu0;
         let called_compressions = compressions().saturating_sub(compressions0);
+        let called_round_waits = round_waits().saturating_sub(round_waits0);
         let alive_log = before_alive.to(mark()?);
         let (alive_listed, alive_answer_bytes) = decoded.ok_or("task 0 got no answer")?;
         if alive_listed != tasks {
@@ -349,6 +361,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             alive_log,
             called_cpu_seconds,
             called_compressions,
+            called_round_waits,
         })
     } else {
         eprintln!(

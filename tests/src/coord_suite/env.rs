@@ -31,10 +31,19 @@ impl Env {
         Env { cluster, client }
     }
 
-    /// Waits (with a deadline) until at least `n` calls are parked on the ensemble, i.e. the calls
-    /// started before are waiting on the leader.
+    /// Waits (with a deadline) until the `n` calls started before are waiting: parked on the
+    /// leader, or held by a follower that recorded their arrivals there (a follower waits on the
+    /// leader with one call for all its TensorFlow WaitForAllTasks and jaxlib GetAliveTasks
+    /// callers of a round, see `api::relayed_waits`).
     pub async fn wait_parked(&mut self, n: u64) {
-        self.wait_metric("coord_parked_calls", n).await;
+        let waiting = |c: &Cluster, gauge: &str| samples(c, gauge).iter().sum::<u64>() >= n;
+        self.cluster
+            .wait_until(
+                LEADER_TIMEOUT,
+                &format!("{n} calls parked on the leader or held by a follower"),
+                |c| waiting(c, "coord_parked_calls") || waiting(c, "coord_relayed_waiting_calls"),
+            )
+            .await;
     }
 
     /// Waits (with a deadline) until at least `n` key watches are being served.

@@ -103,6 +103,19 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Bytes of the answers counted in coord_answer_compressions_total, before compression.",
         compressed_bytes,
     );
+    let (waiting, waits) = crate::api::relayed_waits::relayed_waits();
+    gauge(
+        &mut out,
+        "coord_relayed_waiting_calls",
+        "Calls this follower holds, their arrivals recorded on the leader, while the rounds they joined finish (jaxlib's GetAliveTasks, TensorFlow's WaitForAllTasks).",
+        waiting as f64,
+    );
+    counter(
+        &mut out,
+        "coord_relayed_waits_total",
+        "Waits on a round this follower sent the leader for its callers: one a round for all its callers of it.",
+        waits,
+    );
 
     let p = &r.proposer;
     gauge(

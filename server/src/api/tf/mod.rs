@@ -19,6 +19,7 @@
 //! [`service`] holds the RPCs, [`waits`] the two that park until the whole job arrives; this
 //! module the service's state and the helpers they share.
 
+mod relayed;
 mod service;
 mod waits;
 
@@ -60,6 +61,12 @@ pub struct TfService {
     answers: Mutex<Vec<EncodedDevices>>,
     /// Answers relayed from the leader, kept by their bytes.
     relayed: Relayed,
+    /// The gatherings a follower's WaitForAllTasks callers wait on, each with one call on the
+    /// leader (see `relayed`).
+    gatherings: crate::api::relayed_waits::SharedWaits<
+        (crate::serve::namespace::Ns, AnswerForm, i64),
+        bytes::Bytes,
+    >,
 }
 
 /// How many encoded device lists [`TfService::answers`] keeps (a few namespaces' jobs released
@@ -78,7 +85,7 @@ struct EncodedDevices {
 }
 
 /// Which fields a caller reads the job's devices from, told by the fields it sent its own in.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum AnswerForm {
     /// TF 2.21 (`device_info`, field 6): the answer's field 4 only.
     Current,
@@ -134,6 +141,7 @@ impl TfService {
             values: ValueAnswers::default(),
             answers: Mutex::new(Vec::new()),
             relayed: Relayed::default(),
+            gatherings: Default::default(),
         })
     }
 

@@ -6,7 +6,6 @@
 //! and handed to [`Router::route`](crate::serve::route::Router::route), which reads what it needs
 //! off it, before the call's future is boxed.
 
-use coord_proto::codec::call_undecoded;
 use coord_proto::tensorflow as tf;
 use futures::future::Either;
 use futures::FutureExt;
@@ -16,7 +15,6 @@ use super::{client, devices_of, served, AnswerForm, TfService};
 use crate::api::deferred;
 use crate::api::payloads::barrier_error;
 use crate::api::wire::{task_from, tasks_from};
-use crate::raft::peers::PEER_MESSAGE_LIMIT;
 use crate::serve::route::Kind;
 
 /// What a `tensorflow.CoordinationService` method returns (what `async_trait` makes of an
@@ -73,16 +71,7 @@ impl TfService {
                             })
                         }))
                     },
-                    |ch, r| async move {
-                        // Kept as the leader's bytes: the whole answer as `encoded`, which
-                        // `shared_answer` sends from the buffer it shares with the round's others.
-                        let path = "/tensorflow.CoordinationService/WaitForAllTasks";
-                        let answer = call_undecoded(ch, r, path, PEER_MESSAGE_LIMIT, false).await?;
-                        Ok(answer.map(|encoded| tf::WaitForAllTasksResponse {
-                            encoded,
-                            ..Default::default()
-                        }))
-                    },
+                    |ch, r| this.relay_wait_for_all(ch, r),
                 )
                 .await?;
             // Sent from the one buffer every task's answer shares (see `api::shared_answer`).

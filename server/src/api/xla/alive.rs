@@ -17,9 +17,12 @@
 //! [`XlaService::alive_named_with`]) and waits on the round with one `coordination/AwaitAlive`
 //! call ([`XlaService::await_alive_call`]), answered from the same encoding.
 //!
-//! A follower relays the round's calls to the leader and gets its encoding's bytes back for
-//! each: it keeps them undecoded and sends every caller of the round the first copy
-//! ([`Relayed`](crate::api::shared_answer::Relayed)).
+//! A follower records each call's ask on the leader as a sidecar does, and waits on the round
+//! with one `AwaitAlive` for all its callers of it (see `rounds`); a list it cannot read as tasks
+//! of its job is relayed as it came, for the leader to say why.
+
+/// jaxlib's GetAliveTasks, as a follower relays a call it cannot read to the leader.
+pub(super) const GET_ALIVE_TASKS: &str = "/xla.coordination.CoordinationService/GetAliveTasks";
 
 use std::sync::Arc;
 
@@ -128,9 +131,26 @@ impl XlaService {
                     Ok(this.encoded(&alive))
                 })
             },
-            move |ch, r| {
-                let r = r.map(Ask::into_request);
-                this.relay(ch, r, "/xla.coordination.CoordinationService/GetAliveTasks")
+            move |ch, r| match r.into_parts() {
+                (
+                    metadata,
+                    _,
+                    Ask::Runs {
+                        requesting_task_id,
+                        incarnations,
+                        set,
+                    },
+                ) => Either::Left(this.relay_round(
+                    ch,
+                    metadata,
+                    requesting_task_id,
+                    incarnations,
+                    set,
+                )),
+                (metadata, extensions, ask) => {
+                    let r = Request::from_parts(metadata, extensions, ask.into_request());
+                    Either::Right(this.relay(ch, r, GET_ALIVE_TASKS))
+                }
             },
         );
         Either::Right(routed.map(answered))
@@ -187,7 +207,7 @@ impl XlaService {
 
     /// Method `path` on the leader's channel `ch`: the round's answer as the leader encoded it,
     /// shared with the other callers of the round that this replica relays.
-    async fn relay<Req: prost::Message + Send + 'static>(
+    pub(super) async fn relay<Req: prost::Message + Send + 'static>(
         &self,
         ch: PeerChannel,
         req: Request<Req>,

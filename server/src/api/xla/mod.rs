@@ -19,6 +19,7 @@
 
 mod alive;
 pub mod errors;
+mod rounds;
 mod service;
 
 use std::sync::Arc;
@@ -49,6 +50,11 @@ pub struct XlaService {
     alive: crate::api::shared_answer::Encodings<Vec<(TaskName, u64)>>,
     /// The same answers as a follower relays them from the leader, kept by their bytes.
     relayed: crate::api::shared_answer::Relayed,
+    /// The rounds a follower's callers wait on, each with one wait on the leader (see `rounds`).
+    rounds: crate::api::relayed_waits::SharedWaits<
+        (crate::serve::namespace::Ns, TaskSet, u64),
+        Arc<crate::api::shared_answer::AnswerBytes>,
+    >,
     /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
     job: Option<String>,
 }
@@ -96,6 +102,7 @@ impl XlaService {
             values: Default::default(),
             alive: Default::default(),
             relayed: Default::default(),
+            rounds: Default::default(),
             job,
         })
     }

@@ -56,6 +56,9 @@ pub struct OwnAlive {
     /// gzip-compressed meanwhile (`coord_answer_compressions_total`).
     pub called_cpu_seconds: f64,
     pub called_compressions: u64,
+    /// Through a follower: the waits on the round it sent the leader for its callers
+    /// (`coord_relayed_waits_total`; one a round for all of them).
+    pub called_round_waits: u64,
 }
 
 /// The table: a row per measure, a column per size.
@@ -126,10 +129,14 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
         own_alive(m, &|a| log_cell(&a.alive_log, Some(m.tasks)))
     });
     row(
-        "... CPU of the replica the tasks call, over the round; answers it compressed",
+        "... CPU of the replica the tasks call, over the round; answers it compressed; waits on \
+         the leader it sent",
         &|m| {
             own_alive(m, &|a| {
-                format!("{:.2} s; {}", a.called_cpu_seconds, a.called_compressions)
+                format!(
+                    "{:.2} s; {}; {}",
+                    a.called_cpu_seconds, a.called_compressions, a.called_round_waits
+                )
             })
         },
     );
