@@ -22,6 +22,21 @@ pub const FORWARDED: &str = "coord-forwarded";
 /// barrier, or the UNAVAILABLE error of a task that missed its heartbeats).
 pub const FINAL: &str = "coord-final";
 
+/// Marks `s` as an answer of the service (see [`FINAL`]).
+pub fn mark_final(s: &mut tonic::Status) {
+    s.metadata_mut()
+        .insert(FINAL, tonic::metadata::MetadataValue::from_static("1"));
+}
+
+/// The service's error answer carried in a message's fields (one of several tasks answered
+/// together, an arrival recorded for a call), marked as the task's own call's error is: an
+/// answer, not a failure on the way to it.
+pub fn final_status(code: i32, message: String, details: bytes::Bytes) -> tonic::Status {
+    let mut s = tonic::Status::with_details(tonic::Code::from_i32(code), message, details);
+    mark_final(&mut s);
+    s
+}
+
 /// Whether a failed call may be sent again: not an answer of the service, and a code that a
 /// broken connection or a missing leader produces.
 pub fn is_retryable(s: &tonic::Status) -> bool {

@@ -76,10 +76,7 @@ impl From<CoordError> for Status {
         // Every answer of the service is marked, so that nobody takes it for a broken hop and
         // sends the request again (see `coord_proto::metadata::FINAL`).
         if !retryable {
-            s.metadata_mut().insert(
-                coord_proto::metadata::FINAL,
-                tonic::metadata::MetadataValue::from_static("1"),
-            );
+            coord_proto::metadata::mark_final(&mut s);
         }
         s
     }

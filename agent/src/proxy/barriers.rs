@@ -9,6 +9,7 @@ use coord_proto::coord::coordination::{
     AwaitBarrierRequest, BarrierAnswer, BarrierArrivalsRequest, WaitForAllTasksArrivalsRequest,
     XlaBarrierArrivalsRequest,
 };
+use coord_proto::metadata::final_status;
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use coord_proto::xla::coordination as xla;
@@ -16,7 +17,6 @@ use coord_proto::xla::coordination::coordination_service_client::CoordinationSer
 use tonic::Status;
 
 use super::arrivals::{own_size, Boxed, Gathered, Gatherer, Size};
-use super::final_status;
 use crate::client::CoordClient;
 
 /// TensorFlow Barrier calls, recorded together (`coordination/BarrierArrivals`).

@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use coord_proto::coord::coordination::coordination_client::CoordinationClient;
 use coord_proto::coord::coordination::{Beat, BeatAnswer, HeartbeatsRequest};
+use coord_proto::metadata::final_status;
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 
-use super::final_status;
 use crate::client::CoordClient;
 
 /// How long the proxy holds a heartbeat by default: a small part of TensorFlow's 5 s interval.

@@ -94,17 +94,6 @@ where
         .map(Response::new)
 }
 
-/// The service's error answer for one of several tasks answered together (heartbeats, barrier
-/// arrivals), marked as its own call's error is: an answer, not a failure on the way to it.
-fn final_status(code: i32, message: String, details: bytes::Bytes) -> Status {
-    let mut s = Status::with_details(tonic::Code::from_i32(code), message, details);
-    s.metadata_mut().insert(
-        coord_proto::metadata::FINAL,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    s
-}
-
 /// A proxy service: every method forwarded as its [`Call`] kind says; a service may add fields
 /// (each with its initial value) and methods of its own (`custom`). (The macro writes the whole
 /// impl, so that `async_trait` sees the expanded methods.)

@@ -120,16 +120,11 @@ pub fn recorded(answers: Vec<BarrierAnswer>) -> Result<BarrierAnswer, Status> {
     if a.error_code == 0 {
         return Ok(a);
     }
-    let mut s = Status::with_details(
-        Code::from_i32(a.error_code),
+    Err(coord_proto::metadata::final_status(
+        a.error_code,
         a.error_message,
         a.error_details,
-    );
-    s.metadata_mut().insert(
-        coord_proto::metadata::FINAL,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    Err(s)
+    ))
 }
 
 #[cfg(test)]
