@@ -54,6 +54,24 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         "the follower waited on the round on the leader {} times for its {TASKS} callers",
         own.called_round_waits
     );
+    // Each caller's ask was recorded on the leader, the asks that came while one call recording
+    // them was on its way together in the next, the set listed once a call (not once an ask:
+    // 2,000 lists of 2,000 tasks).
+    eprintln!(
+        "the follower recorded {} asks in {} calls",
+        own.called_asks, own.called_ask_calls
+    );
+    assert!(
+        own.called_asks >= TASKS as u64,
+        "the follower recorded {} asks for its {TASKS} callers",
+        own.called_asks
+    );
+    assert!(
+        own.called_ask_calls * 4 <= own.called_asks,
+        "the follower recorded {} asks in {} calls",
+        own.called_asks,
+        own.called_ask_calls
+    );
     // A call's entry is its task and the set's one run, with the command's framing: well
     // under 1 KB (the list was 13 bytes a task: 26 KB).
     for (phase, log) in [

@@ -302,6 +302,13 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         let round_waits = || counted("coord_relayed_waits_total");
         let (called_cpu0, compressions0) = (cpu_seconds(called_pid).unwrap_or(0.0), compressions());
         let round_waits0 = round_waits();
+        let asked = || {
+            (
+                counted("coord_relayed_asks_total"),
+                counted("coord_relayed_ask_calls_total"),
+            )
+        };
+        let asked0 = asked();
         let before_alive = mark()?;
         let alive_started = Instant::now();
         let already_parked = parked();
@@ -342,6 +349,13 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         let called_cpu_seconds = cpu_seconds(called_pid).unwrap_or(0.0) - called_cpu0;
         let called_compressions = compressions().saturating_sub(compressions0);
         let called_round_waits = round_waits().saturating_sub(round_waits0);
+        let (called_asks, called_ask_calls) = {
+            let (asks, calls) = asked();
+            (
+                asks.saturating_sub(asked0.0),
+                calls.saturating_sub(asked0.1),
+            )
+        };
         let alive_log = before_alive.to(mark()?);
         let (alive_listed, alive_answer_bytes) = decoded.ok_or("task 0 got no answer")?;
         if alive_listed != tasks {
@@ -362,6 +376,8 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             called_cpu_seconds,
             called_compressions,
             called_round_waits,
+            called_asks,
+            called_ask_calls,
         })
     } else {
         eprintln!(

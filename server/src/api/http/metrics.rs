@@ -116,6 +116,19 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Waits on a round this follower sent the leader for its callers: one a round for all its callers of it.",
         waits,
     );
+    let (asks, ask_calls) = crate::api::relayed_asks::relayed_asks();
+    counter(
+        &mut out,
+        "coord_relayed_asks_total",
+        "jaxlib GetAliveTasks asks this follower recorded on the leader for its callers, before waiting on their rounds.",
+        asks,
+    );
+    counter(
+        &mut out,
+        "coord_relayed_ask_calls_total",
+        "Calls that recorded them: the asks about a set that come while one such call is on its way go together in the next.",
+        ask_calls,
+    );
 
     let p = &r.proposer;
     gauge(

@@ -55,9 +55,24 @@ pub struct XlaService {
         (crate::serve::namespace::Ns, TaskSet, u64),
         Arc<crate::api::shared_answer::AnswerBytes>,
     >,
+    /// A follower's callers' asks about a set, recorded on the leader together (see `rounds`).
+    asks: crate::api::relayed_asks::Batches<AskKind, Asked, Result<u64, Status>>,
     /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
     job: Option<String>,
 }
+
+/// The asks a follower records on the leader together: of one namespace, request-id client and
+/// set.
+type AskKind = (crate::serve::namespace::Ns, Option<u64>, TaskSet);
+/// One caller's ask as the follower records it: the task's own request (its `task_ids` left to
+/// the set), its request id, and the leader's channel and the forward's metadata as the caller's
+/// routing last saw them.
+pub(super) type Asked = (
+    xla::GetAliveTasksRequest,
+    Option<coord_proto::metadata::WireRequestId>,
+    PeerChannel,
+    tonic::metadata::MetadataMap,
+);
 
 crate::api::value_answers::carries_values!(
     single: xla::GetKeyValueResponse, xla::TryGetKeyValueResponse;
@@ -103,6 +118,7 @@ impl XlaService {
             alive: Default::default(),
             relayed: Default::default(),
             rounds: Default::default(),
+            asks: Default::default(),
             job,
         })
     }

@@ -59,6 +59,10 @@ pub struct OwnAlive {
     /// Through a follower: the waits on the round it sent the leader for its callers
     /// (`coord_relayed_waits_total`; one a round for all of them).
     pub called_round_waits: u64,
+    /// Through a follower: the asks it recorded on the leader for its callers, and the calls
+    /// that carried them (`coord_relayed_asks_total`, `coord_relayed_ask_calls_total`).
+    pub called_asks: u64,
+    pub called_ask_calls: u64,
 }
 
 /// The table: a row per measure, a column per size.
@@ -130,12 +134,16 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
     });
     row(
         "... CPU of the replica the tasks call, over the round; answers it compressed; waits on \
-         the leader it sent",
+         the leader it sent; asks it recorded there, in calls",
         &|m| {
             own_alive(m, &|a| {
                 format!(
-                    "{:.2} s; {}; {}",
-                    a.called_cpu_seconds, a.called_compressions, a.called_round_waits
+                    "{:.2} s; {}; {}; {} in {}",
+                    a.called_cpu_seconds,
+                    a.called_compressions,
+                    a.called_round_waits,
+                    a.called_asks,
+                    a.called_ask_calls
                 )
             })
         },
