@@ -20,6 +20,7 @@
 //! - [`shared_answer`]: answers every task gets alike, sent from one buffer (gzipped once).
 //! - [`relayed_waits`]: a follower's callers of one round waiting on the leader with one call.
 //! - [`relayed_asks`]: a follower's callers' asks of one kind recorded on the leader together.
+//! - [`relayed_reads`]: a follower's callers of one key-value read answered by one read.
 //! - [`deferred`]: a call that waits answers after its headers, keeping only its own future.
 //! - [`value_answers`]: large key-value answers many tasks read alike, encoded once.
 
@@ -55,6 +56,7 @@ pub mod oversized;
 pub mod payloads;
 pub mod raw_kv;
 pub mod relayed_asks;
+pub mod relayed_reads;
 pub mod relayed_waits;
 pub mod rewrite;
 pub mod shared_answer;

@@ -42,15 +42,40 @@ impl<K, T, A> Default for Batches<K, T, A> {
     }
 }
 
-/// Asks recorded, and the calls that recorded them (`/metrics`).
-static ASKS: AtomicU64 = AtomicU64::new(0);
-static CALLS: AtomicU64 = AtomicU64::new(0);
-
-/// The asks this replica recorded on the leader for its callers, and the calls that carried
-/// them: `coord_relayed_asks_total` and `coord_relayed_ask_calls_total`.
-pub fn relayed_asks() -> (u64, u64) {
-    (ASKS.load(Ordering::Relaxed), CALLS.load(Ordering::Relaxed))
+/// Callers' asks sent to the leader, and the calls that carried them, of one use of [`Batches`]
+/// (`/metrics`).
+#[derive(Default)]
+pub struct Sent {
+    asks: AtomicU64,
+    calls: AtomicU64,
 }
+
+impl Sent {
+    pub const fn new() -> Self {
+        Self {
+            asks: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a call carrying `n` asks.
+    pub fn call(&self, n: usize) {
+        self.asks.fetch_add(n as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The asks sent, and the calls that carried them.
+    pub fn read(&self) -> (u64, u64) {
+        (
+            self.asks.load(Ordering::Relaxed),
+            self.calls.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// jaxlib GetAliveTasks asks this replica recorded on the leader for its callers, and the calls
+/// that carried them: `coord_relayed_asks_total` and `coord_relayed_ask_calls_total`.
+pub static ALIVE_ASKS: Sent = Sent::new();
 
 impl<K, T, A> Batches<K, T, A>
 where
@@ -62,7 +87,7 @@ where
     /// came meanwhile: at once if none of that kind is on its way, else after it. `send` answers
     /// a batch in its order, or fails it whole; the batches run on a task of their own (with the
     /// `send` of the ask that found none on its way), so a caller that goes away abandons only
-    /// its own answer.
+    /// its own answer (a call all of whose callers went away is dropped).
     pub async fn answer<S, F>(&self, key: K, ask: T, send: S) -> Result<A, Status>
     where
         S: Fn(Vec<T>) -> F + Send + 'static,
@@ -93,7 +118,8 @@ where
     }
 }
 
-/// Sends kind `key`'s waiting asks, at most [`MOST_AT_ONCE`] a call, until none wait.
+/// Sends kind `key`'s waiting asks, at most [`MOST_AT_ONCE`] a call, until none wait; a call
+/// none of whose callers still waits is given up.
 async fn sent<K, T, A, S, F>(queues: Queues<K, T, A>, key: K, send: S)
 where
     K: Hash + Eq,
@@ -105,11 +131,25 @@ where
         key: Some(key),
     };
     while let Some(batch) = sender.next() {
-        let (asks, answers): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
+        let (asks, mut answers): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
         let n = asks.len();
-        ASKS.fetch_add(n as u64, Ordering::Relaxed);
-        CALLS.fetch_add(1, Ordering::Relaxed);
-        match send(asks).await {
+        // A call whose callers have all gone is dropped (a read parked on the leader for a key
+        // nobody waits for any more ends with them).
+        let outcome = {
+            let abandoned = async {
+                for to in &mut answers {
+                    to.closed().await;
+                }
+            };
+            tokio::select! {
+                got = send(asks) => Some(got),
+                () = abandoned => None,
+            }
+        };
+        let Some(outcome) = outcome else {
+            continue;
+        };
+        match outcome {
             Ok(got) if got.len() == n => {
                 for (to, a) in answers.into_iter().zip(got) {
                     let _ = to.send(Ok(a));

@@ -131,18 +131,27 @@ async fn coords(
     let own = format!("127.0.0.1:{}", crate::cluster::free_ports(1)[0]);
     let host = host(tf, &own, &addr, n);
     let term = || cluster.status(leader).map_or(0, |s| s.term);
-    let waits = || {
-        let metric =
-            super::tasks::metric(cluster.replica(called).http, "coord_relayed_waits_total");
+    let counted = |name: &str| {
+        let metric = super::tasks::metric(cluster.replica(called).http, name);
         metric.map_or(0, |n| n as u64)
     };
-    let waits_before = waits();
+    let relayed = || {
+        [
+            "coord_relayed_waits_total",
+            "coord_relayed_reads_total",
+            "coord_relayed_read_calls_total",
+        ]
+        .map(&counted)
+    };
+    let before = relayed();
     let measured = phase(&host, &addr, n, connections, device_bytes, pid, &term).await;
     if via_follower {
+        let after = relayed();
+        let [waits, reads, read_calls] = [0, 1, 2].map(|i| after[i].saturating_sub(before[i]));
         eprintln!(
             "coord-bench wait-for-all: through follower {called} (leader {leader}): it waited on \
-             the leader {} times for its callers",
-            waits().saturating_sub(waits_before)
+             the leader {waits} times for its callers, and relayed their {reads} blocking \
+             GetKeyValue calls in {read_calls} reads"
         );
     }
     measured

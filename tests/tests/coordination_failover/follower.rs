@@ -1,5 +1,6 @@
 //! Calls through a follower that waits on their round on the leader once for all its callers
-//! (jaxlib's GetAliveTasks, TensorFlow's WaitForAllTasks), with the leader killed under the wait.
+//! (jaxlib's GetAliveTasks, TensorFlow's WaitForAllTasks) or read a value once for them, with the
+//! leader killed under the wait.
 
 use coord_proto::tensorflow as tf;
 use coord_proto::xla::coordination as xla;
@@ -112,5 +113,83 @@ async fn wait_for_all_tasks_through_a_follower_survives_the_leader_kill() {
     assert_eq!(devices, ["dev-0", "dev-1", "dev-2"].map(bytes::Bytes::from));
     for waited in waiting {
         assert_eq!(waited.await.expect("join"), last, "the job's devices");
+    }
+}
+
+/// A job's processes reading one value through a follower (JAX's topology, after a failover left
+/// them calling a replica that no longer leads): the callers of one read that come while it is on
+/// its way are answered by the next, so the follower sends the leader far fewer reads than it
+/// has callers, and each caller still reads what it could have read on its own: a value written
+/// again is read anew, and reads parked on a leader that is killed are answered by the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_key_value_through_a_follower_reads_once_for_many_callers() {
+    const CALLERS: usize = 100;
+    let (mut env, _, old, follower, ch) = through_a_follower().await;
+    let value = |tag: &str| bytes::Bytes::from(format!("{tag}:").repeat(16 << 10));
+    let read = |key: &'static str| {
+        let mut c = SidecarClient::new(ch.clone());
+        tokio::spawn(async move {
+            c.get_key_value(tf::GetKeyValueRequest { key: key.into() })
+                .await
+                .unwrap_or_else(|s| panic!("GetKeyValue {key} through the follower: {s:?}"))
+                .into_inner()
+                .kv
+                .map(|kv| kv.value)
+        })
+    };
+    let insert = |key: &str, value: bytes::Bytes| {
+        let mut c = SidecarClient::new(ch.clone());
+        let req = tf::InsertKeyValueRequest {
+            kv: Some(tf::KeyValueEntry {
+                key: key.into(),
+                value,
+            }),
+            allow_overwrite: true,
+        };
+        async move { c.insert_key_value(req).await.expect("InsertKeyValue") }
+    };
+    let reads = |env: &Env| {
+        [
+            "coord_relayed_reads_total",
+            "coord_relayed_read_calls_total",
+        ]
+        .map(|m| env.cluster.metric(follower, m))
+    };
+
+    // Every caller waits for the key; the first read parks on the leader, the others wait for it.
+    let waiting: Vec<_> = (0..CALLERS).map(|_| read("topology")).collect();
+    env.cluster
+        .wait_until(LEADER_TIMEOUT, "the first read parked on the leader", |c| {
+            c.metric(follower, "coord_relayed_read_calls_total") == 1.0
+        })
+        .await;
+    insert("topology", value("v1")).await;
+    for r in waiting {
+        assert_eq!(r.await.expect("join"), Some(value("v1")));
+    }
+    let [callers, sent] = reads(&env);
+    assert_eq!(callers, CALLERS as f64, "every caller's read relayed");
+    assert!(
+        sent * 4.0 <= callers,
+        "the follower sent {sent} reads for {callers} callers"
+    );
+
+    // Written again: a read that comes after the write reads the new value.
+    insert("topology", value("v2")).await;
+    assert_eq!(read("topology").await.expect("join"), Some(value("v2")));
+
+    // Reads parked on a leader that is killed: driven again on the next, and answered there.
+    let before = reads(&env)[1];
+    let waiting: Vec<_> = (0..CALLERS).map(|_| read("after-kill")).collect();
+    env.cluster
+        .wait_until(LEADER_TIMEOUT, "a read parked on the leader", |c| {
+            c.metric(follower, "coord_relayed_read_calls_total") > before
+        })
+        .await;
+    env.cluster.kill(old);
+    assert_ne!(leader_of(&mut env).await, old);
+    insert("after-kill", value("v3")).await;
+    for r in waiting {
+        assert_eq!(r.await.expect("join"), Some(value("v3")));
     }
 }

@@ -116,7 +116,7 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "Waits on a round this follower sent the leader for its callers: one a round for all its callers of it.",
         waits,
     );
-    let (asks, ask_calls) = crate::api::relayed_asks::relayed_asks();
+    let (asks, ask_calls) = crate::api::relayed_asks::ALIVE_ASKS.read();
     counter(
         &mut out,
         "coord_relayed_asks_total",
@@ -128,6 +128,19 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         "coord_relayed_ask_calls_total",
         "Calls that recorded them: the asks about a set that come while one such call is on its way go together in the next.",
         ask_calls,
+    );
+    let (reads, read_calls) = crate::api::relayed_reads::READS.read();
+    counter(
+        &mut out,
+        "coord_relayed_reads_total",
+        "Blocking GetKeyValue calls (TensorFlow's and jaxlib's) this follower relayed to the leader for its callers.",
+        reads,
+    );
+    counter(
+        &mut out,
+        "coord_relayed_read_calls_total",
+        "Reads it sent the leader for them: the callers of one read that come while it is on its way are answered by the next.",
+        read_calls,
     );
 
     let p = &r.proposer;

@@ -67,6 +67,9 @@ pub struct TfService {
         (crate::serve::namespace::Ns, AnswerForm, i64),
         bytes::Bytes,
     >,
+    /// A follower's callers of one GetKeyValue, answered by one read on the leader (see
+    /// `api::relayed_reads`).
+    reads: crate::api::relayed_reads::RelayedReads<tf::GetKeyValueRequest, tf::GetKeyValueResponse>,
 }
 
 /// How many encoded device lists [`TfService::answers`] keeps (a few namespaces' jobs released
@@ -142,6 +145,7 @@ impl TfService {
             answers: Mutex::new(Vec::new()),
             relayed: Relayed::default(),
             gatherings: Default::default(),
+            reads: Default::default(),
         })
     }
 

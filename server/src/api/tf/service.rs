@@ -499,7 +499,13 @@ impl TfService {
                         kv: Some(entry(m.key, value)),
                     })
                 },
-                |ch, r| async move { client(ch).get_key_value(r).await },
+                move |ch, r| {
+                    self.reads.answer(
+                        ch,
+                        r,
+                        |ch, r| async move { client(ch).get_key_value(r).await },
+                    )
+                },
             )
             .map(move |a| a.map(|a| self.values.attach("GetKeyValue", a)))
     }

@@ -57,6 +57,10 @@ pub struct XlaService {
     >,
     /// A follower's callers' asks about a set, recorded on the leader together (see `rounds`).
     asks: crate::api::relayed_asks::Batches<AskKind, Asked, Result<u64, Status>>,
+    /// A follower's callers of one GetKeyValue, answered by one read on the leader (see
+    /// `api::relayed_reads`).
+    reads:
+        crate::api::relayed_reads::RelayedReads<xla::GetKeyValueRequest, xla::GetKeyValueResponse>,
     /// `--xla-job`; `None` = the first job of the replicated cluster configuration.
     job: Option<String>,
 }
@@ -119,6 +123,7 @@ impl XlaService {
             relayed: Default::default(),
             rounds: Default::default(),
             asks: Default::default(),
+            reads: Default::default(),
             job,
         })
     }

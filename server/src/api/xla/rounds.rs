@@ -140,6 +140,7 @@ async fn recorded_together(
         }
         .write(&mut metadata);
     }
+    crate::api::relayed_asks::ALIVE_ASKS.call(n);
     let asks = XlaAliveAsksRequest {
         sets: vec![AliveSet { task_ids }],
         set: vec![0; n],

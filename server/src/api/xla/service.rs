@@ -480,7 +480,13 @@ impl XlaService {
                         })
                     })
                 },
-                |ch, r| async move { client(ch).get_key_value(r).await },
+                move |ch, r| {
+                    this.reads.answer(
+                        ch,
+                        r,
+                        |ch, r| async move { client(ch).get_key_value(r).await },
+                    )
+                },
             )
             .map(move |a| a.map(|a| self.values.attach("xla/GetKeyValue", a)))
     }
