@@ -2,7 +2,9 @@
 
 use std::process::ExitCode;
 
-/// A faster allocator than glibc malloc for the many small allocations of gRPC and HTTP/2.
+/// A faster allocator than glibc malloc for the many small allocations of gRPC and HTTP/2 (the
+/// `system-alloc` feature leaves glibc's, which heap profilers hook).
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

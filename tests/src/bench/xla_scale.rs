@@ -326,6 +326,11 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         .await
         .map_err(|e| wrote(e, before_alive, alive_started))?;
         leader_rss_parked = rss_bytes(pid).unwrap_or(0);
+        eprintln!(
+            "{} GetAliveTasks calls parked: leader RSS {} MiB",
+            tasks - 1,
+            leader_rss_parked >> 20
+        );
         let last_call = Instant::now();
         let (alive_wire_bytes, decoded, answered) =
             within("GetAliveTasks", &still_leading, async {
@@ -404,6 +409,10 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         Spawned::new(async move { c.barrier(req).await.map(|_| Instant::now()) })
     };
     let leader_rss_before_barrier = rss_bytes(pid).unwrap_or(0);
+    eprintln!(
+        "before the Barrier: leader RSS {} MiB",
+        leader_rss_before_barrier >> 20
+    );
     let already_parked = parked();
     let early: Vec<_> = (0..tasks - 1).map(arrive).collect();
     let early = within(
@@ -418,6 +427,11 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     )
     .await?;
     let leader_rss_barrier_parked = rss_bytes(pid).unwrap_or(0);
+    eprintln!(
+        "{} Barrier calls parked: leader RSS {} MiB",
+        tasks - 1,
+        leader_rss_barrier_parked >> 20
+    );
     let last_arrival = Instant::now();
     let released = within("Barrier", &still_leading, async {
         let mut released = last_arrival;
