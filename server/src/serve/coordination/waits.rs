@@ -19,9 +19,9 @@ use coord_raft_store::state::{
 };
 use coord_raft_store::{Op, OpError, Output, RequestId};
 
-use super::{unexpected, CoordCore};
+use super::{unexpected, CoordCore, DevicesAt};
 use crate::error::CoordError;
-use crate::serve::namespace::{self, View};
+use crate::serve::namespace::{self, Ns, View};
 use crate::serve::parked::{Slot, WaitRegistry, Wake};
 
 impl CoordCore {
@@ -320,13 +320,13 @@ impl CoordCore {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let all = match cache.as_ref() {
                     Some((index, all)) if *index == at => all.clone(),
-                    _ => {
-                        let all: Arc<Vec<DeviceInfo>> = Arc::new(
-                            c.tasks
-                                .iter()
-                                .filter_map(|(_, r)| r.devices.clone())
-                                .collect(),
-                        );
+                    kept => {
+                        let fresh: Vec<DeviceInfo> = c
+                            .tasks
+                            .iter()
+                            .filter_map(|(_, r)| r.devices.clone())
+                            .collect();
+                        let all = same_devices(kept, &at.0, fresh);
                         *cache = Some((at, all.clone()));
                         all
                     }
@@ -496,5 +496,44 @@ impl CoordCore {
                 Wake::LeaderLost => return Err(CoordError::LeaderChanged),
             }
         }
+    }
+}
+
+/// `fresh`, the namespace `ns`'s devices read at a later index than `kept` was, as the kept list
+/// if that is the same namespace's and equal. Every entry applied moves the index (a follower's
+/// arrival sent again, a registration elsewhere), while the devices change only as tasks arrive:
+/// the answers of one gathering then stay one list, which the service encodes and compresses once
+/// for all its callers (see `api::tf::TfService::device_fields`), however late each is polled.
+fn same_devices(
+    kept: Option<&DevicesAt>,
+    ns: &Ns,
+    fresh: Vec<DeviceInfo>,
+) -> Arc<Vec<DeviceInfo>> {
+    match kept {
+        Some(((kept_ns, _), all)) if kept_ns == ns && **all == fresh => all.clone(),
+        _ => Arc::new(fresh),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A list read again at a later index is the kept one while the namespace's devices are the
+    /// same; another namespace's, or changed devices, make a list of their own.
+    #[test]
+    fn a_gathering_keeps_one_device_list_across_later_entries() {
+        let devices = |s: &'static [u8]| vec![DeviceInfo::Xla(bytes::Bytes::from_static(s))];
+        let ns: Ns = None;
+        let kept: DevicesAt = ((ns.clone(), 7), Arc::new(devices(b"a")));
+        let again = same_devices(Some(&kept), &ns, devices(b"a"));
+        assert!(Arc::ptr_eq(&again, &kept.1), "the same devices: the kept list");
+        let changed = same_devices(Some(&kept), &ns, devices(b"b"));
+        assert!(!Arc::ptr_eq(&changed, &kept.1));
+        assert_eq!(*changed, devices(b"b"));
+        let other: Ns = Some("other".into());
+        let elsewhere = same_devices(Some(&kept), &other, devices(b"a"));
+        assert!(!Arc::ptr_eq(&elsewhere, &kept.1), "another namespace's list");
+        assert_eq!(*same_devices(None, &ns, devices(b"a")), devices(b"a"));
     }
 }
