@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use coord_proto::tensorflow as tf;
 use coord_proto::tensorflow::coordination_service_client::CoordinationServiceClient;
-use coord_tests::bench::tasks::{parked_calls, run, Load};
+use coord_tests::bench::tasks::{run, summed, Load};
 use coord_tests::coord_suite::{w, Env, LEADER_TIMEOUT};
 use tonic::codec::CompressionEncoding;
 use tonic::transport::Channel;
@@ -66,6 +66,11 @@ async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
         [leader, follower].map(|id| env.cluster.metric(id, "coord_answer_compressions_total"))
     };
     let before = compressions(&env);
+    let bytes = |env: &Env, name: &str| env.cluster.metric(leader, name);
+    let bytes_before = [
+        bytes(&env, "coord_answer_compressed_bytes_total"),
+        bytes(&env, "coord_answer_gzipped_bytes_total"),
+    ];
     let follower_waits = |env: &Env| env.cluster.metric(follower, "coord_relayed_waits_total");
     let waits_before = follower_waits(&env);
     // Even tasks accept gzip (as TF's clients do), odd ones do not; tasks 2-3 of every four call
@@ -134,6 +139,14 @@ async fn every_task_gets_the_whole_jobs_devices_in_the_form_it_reads() {
         [1.0, 2.0],
         "answers compressed by the leader and by the follower"
     );
+    // The leader's one gzip of the answer, shorter than the answer (300 devices of 7-byte
+    // values, each wrapped with its type URL) and counted as sent.
+    let plain = bytes(&env, "coord_answer_compressed_bytes_total") - bytes_before[0];
+    let gzipped = bytes(&env, "coord_answer_gzipped_bytes_total") - bytes_before[1];
+    assert!(
+        gzipped > 0.0 && gzipped < plain,
+        "gzipped {gzipped} of {plain} bytes"
+    );
     // The follower recorded each caller's arrival on the leader and fetched the devices once per
     // form its callers read (TF 2.21's and the older releases'), not once per caller (150
     // copies). A caller whose arrival completed the gathering may look after every other caller
@@ -188,12 +201,18 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
     .await;
     let leader = env.cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let pid = env.cluster.pid(leader).expect("leader pid");
-    let http = env.cluster.replica(leader).http;
-    let parked = move || parked_calls(http);
+    let https: Vec<_> = env
+        .cluster
+        .ids()
+        .iter()
+        .map(|&id| env.cluster.replica(id).http)
+        .collect();
     let endpoints = env.cluster.endpoints();
-    let report = run(endpoints, &load, pid, parked, || env.cluster.kill(leader))
-        .await
-        .expect("the job ran");
+    let report = run(endpoints, &load, pid, summed(https), || {
+        env.cluster.kill(leader)
+    })
+    .await
+    .expect("the job ran");
     assert_eq!(
         report.heartbeat_errors, 0,
         "failed heartbeats before the kill"

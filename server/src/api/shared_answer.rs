@@ -43,16 +43,32 @@ const PREFIX: usize = 5;
 /// 10,000 tasks accepting gzip, compressing each of them took the release from 65 to 150 ms.
 const GZIP_FROM: usize = 128;
 
-/// Answers gzip-compressed by this process, and their bytes before compression: what
-/// `/metrics` reports as `coord_answer_compressions_total` and
-/// `coord_answer_compressed_bytes_total`. A shared answer counts once however many callers get it;
-/// an answer that grows with the job and counts once per caller is one not shared.
+/// Answers gzip-compressed by this process, their bytes before compression, and the bytes of
+/// those sent compressed after it: what `/metrics` reports as `coord_answer_compressions_total`,
+/// `coord_answer_compressed_bytes_total` and `coord_answer_gzipped_bytes_total`. A shared answer
+/// counts once however many callers get it; an answer that grows with the job and counts once
+/// per caller is one not shared.
 static COMPRESSIONS: AtomicU64 = AtomicU64::new(0);
 static COMPRESSED_BYTES: AtomicU64 = AtomicU64::new(0);
+static GZIPPED_BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// The answers compressed so far, and their bytes before compression (see [`COMPRESSIONS`]).
-pub fn compressed() -> (u64, u64) {
-    (COMPRESSIONS.load(Relaxed), COMPRESSED_BYTES.load(Relaxed))
+/// What this process compressed so far (see [`COMPRESSIONS`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Compressed {
+    pub answers: u64,
+    /// Their bytes before compression.
+    pub bytes_in: u64,
+    /// The bytes of those sent compressed (gzip shortened them), after compression.
+    pub bytes_out: u64,
+}
+
+/// The answers compressed so far (see [`COMPRESSIONS`]).
+pub fn compressed() -> Compressed {
+    Compressed {
+        answers: COMPRESSIONS.load(Relaxed),
+        bytes_in: COMPRESSED_BYTES.load(Relaxed),
+        bytes_out: GZIPPED_BYTES.load(Relaxed),
+    }
 }
 
 /// `len` bytes of a message (compressed or not) framed: the prefix, then room for the message.
@@ -118,6 +134,7 @@ impl AnswerBytes {
                 if z.len() >= message.len() {
                     return None;
                 }
+                GZIPPED_BYTES.fetch_add(z.len() as u64, Relaxed);
                 let mut out = framed(true, z.len());
                 out.extend_from_slice(&z);
                 Some(Bytes::from(out))

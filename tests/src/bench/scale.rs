@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::tasks::{parked_calls, run, Load, TasksReport, ACCEPT_GZIP};
+use super::tasks::{run, summed, Load, TasksReport, ACCEPT_GZIP};
 
 /// What `coord-bench tasks` runs: one size.
 #[derive(clap::Args, Clone, Debug)]
@@ -153,19 +153,17 @@ async fn measure(load: &Load) -> Result<Measured, String> {
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
     let pid = cluster.pid(leader).ok_or("leader has no process")?;
     let term_before = cluster.status(leader).map_or(0, |s| s.term);
-    // Parked calls on whichever replica leads now (summed: only the leader parks any).
     let https: Vec<std::net::SocketAddr> = cluster
         .ids()
         .iter()
         .map(|&id| cluster.replica(id).http)
         .collect();
-    let parked = move || https.iter().map(|&http| parked_calls(http)).sum::<u64>();
     eprintln!(
         "coord-bench: {} tasks over {} connections, heartbeat every {:?}, leader is replica {leader} (pid {pid})",
         load.tasks, load.connections, load.heartbeat_every
     );
     let mut stalled = 0.0;
-    let report = run(cluster.endpoints(), load, pid, parked, || {
+    let report = run(cluster.endpoints(), load, pid, summed(https), || {
         stalled = cluster.metric(leader, "coord_replica_stalled_seconds_total");
         cluster.kill(leader)
     })
@@ -218,14 +216,21 @@ fn print(runs: &[Measured], no_gzip: bool) {
         "",
         &|m| {
             // A sidecar's fetch is decompressed before the proxy sees it: its size is the
-            // answer's own.
-            let size = if m.report.arrivals_together {
-                "uncompressed, fetched by the sidecars"
-            } else {
-                "on the wire"
+            // answer's own, and what crossed the wire is the ensemble's one gzip of it.
+            let (size, wire) = match (m.report.arrivals_together, m.report.wait_for_all_gzipped) {
+                (true, Some(z)) => (
+                    "uncompressed, fetched by the sidecars",
+                    format!(
+                        ", each {:.1} MB gzipped: {:.0} MB on the wire",
+                        z as f64 / 1e6,
+                        (z * m.report.wait_for_all_fetches) as f64 / 1e6
+                    ),
+                ),
+                (true, None) => ("uncompressed, fetched by the sidecars", String::new()),
+                (false, _) => ("on the wire", String::new()),
             };
             format!(
-                "{:.2} s ({:.0} MB {size} in {} answers, {} B devices)",
+                "{:.2} s ({:.0} MB {size} in {} answers{wire}, {} B devices)",
                 m.report.wait_for_all.as_secs_f64(),
                 m.report.wait_for_all_bytes as f64 / 1e6,
                 m.report.wait_for_all_fetches,

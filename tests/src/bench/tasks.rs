@@ -27,6 +27,10 @@ pub struct TasksReport {
     pub wait_for_all_bytes: u64,
     /// WaitForAllTasks answers that crossed the wire: one per task, or the sidecars' fetches.
     pub wait_for_all_fetches: u64,
+    /// The size of the job's WaitForAllTasks answer gzipped, as the ensemble sent it to every
+    /// caller that accepts gzip (the bytes it gzipped over the phase, per answer it gzipped);
+    /// none if it sent none compressed.
+    pub wait_for_all_gzipped: Option<u64>,
     /// Bytes of each task's device (one `DeviceAttributes`; 0 = no devices).
     pub device_bytes: usize,
     /// Leader RSS with every task's WaitForAllTasks call but one parked.
@@ -203,6 +207,15 @@ pub(super) async fn parked_until<T: std::fmt::Debug>(
     Ok(calls)
 }
 
+/// `n` scrambled (splitmix64's finalizer): a number as random-looking as TensorFlow's device
+/// incarnations, the same in every run.
+fn scrambled(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The type URL TensorFlow packs each device's `DeviceAttributes` under.
 const DEVICE_ATTRIBUTES_URL: &str = "type.googleapis.com/tensorflow.DeviceAttributes";
 
@@ -220,7 +233,8 @@ pub(super) fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasks
         );
         string::encode(2, &"CPU".to_string(), &mut value);
         int64::encode(4, &(1_i64 << 34), &mut value);
-        fixed64::encode(6, &(0x9e37_79b9_7f4a_7c15_u64 ^ i as u64), &mut value);
+        // TensorFlow draws each device's incarnation at random: 8 bytes gzip cannot shorten.
+        fixed64::encode(6, &scrambled(i as u64), &mut value);
         let pad = device_bytes.saturating_sub(value.len() + 3);
         string::encode(7, &"x".repeat(pad), &mut value);
         tf::AnyMessage {
@@ -240,6 +254,17 @@ pub(super) fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasks
 /// Calls the replica serving metrics at `http` holds parked (0 if it does not answer).
 pub fn parked_calls(http: std::net::SocketAddr) -> u64 {
     metric(http, "coord_parked_calls").map_or(0, |v| v as u64)
+}
+
+/// A metric (a sample without labels) summed over the replicas serving metrics at `https`, 0
+/// where one does not answer: what [`run`] reads of the ensemble.
+pub fn summed(https: Vec<std::net::SocketAddr>) -> impl Fn(&str) -> u64 {
+    move |name| {
+        https
+            .iter()
+            .map(|&http| metric(http, name).map_or(0, |v| v as u64))
+            .sum()
+    }
 }
 
 /// The value of metric `name` (a sample without labels) at `http`'s `/metrics`; none if the
@@ -277,14 +302,20 @@ pub struct Load {
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
-/// leader runs as process `leader_pid`; `parked` reports how many calls the leader has parked.
+/// leader runs as process `leader_pid`; `ensemble` sums a metric over its replicas ([`summed`]).
 pub async fn run(
     endpoints: Vec<String>,
     load: &Load,
     leader_pid: u32,
-    parked: impl Fn() -> u64,
+    ensemble: impl Fn(&str) -> u64,
     kill_leader: impl FnOnce(),
 ) -> Result<TasksReport, String> {
+    // Calls waiting in the ensemble: parked on the leader (only a leader parks any), or held by a
+    // follower that waits on the leader with one call for all its callers of a round (a client
+    // may call a follower; see the server's `api::relayed_waits`). That one call is counted
+    // beside its callers: the sum may reach a count while as many calls as the followers hold
+    // shared waits are still on their way.
+    let parked = || ensemble("coord_parked_calls") + ensemble("coord_relayed_waiting_calls");
     let Load {
         tasks,
         connections,
@@ -479,6 +510,13 @@ pub async fn run(
         .await?
     };
     let leader_rss_waits_parked = rss_bytes(leader_pid).unwrap_or(0);
+    let gzipped = || {
+        (
+            ensemble("coord_answer_compressions_total"),
+            ensemble("coord_answer_gzipped_bytes_total"),
+        )
+    };
+    let gzipped_before = gzipped();
     let last_call = Instant::now();
     let mut wait_for_all_bytes = 0;
     let mut answered = last_call;
@@ -497,6 +535,13 @@ pub async fn run(
         tasks as u64
     };
     let wait_for_all = answered.duration_since(last_call);
+    // The ensemble gzips the job's answer once for all its callers (once per form a replica
+    // serves): its size, what each answer that crossed the wire compressed carried.
+    let wait_for_all_gzipped = {
+        let after = gzipped();
+        let (answers, bytes) = (after.0 - gzipped_before.0, after.1 - gzipped_before.1);
+        (answers > 0 && bytes > 0).then(|| bytes / answers)
+    };
     eprintln!(
         "WaitForAllTasks answered every task {wait_for_all:?} after the last call ({} MB)",
         wait_for_all_bytes / 1_000_000
@@ -556,6 +601,7 @@ pub async fn run(
         wait_for_all,
         wait_for_all_bytes,
         wait_for_all_fetches,
+        wait_for_all_gzipped,
         device_bytes,
         leader_rss_waits_parked,
         barrier_release,

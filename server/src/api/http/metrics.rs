@@ -90,18 +90,24 @@ pub(super) async fn render(State(r): State<Arc<Observed>>) -> Response {
         r.heartbeats.stalled().as_secs_f64(),
     );
     r.rpcs.render_rpcs(&mut out);
-    let (compressions, compressed_bytes) = crate::api::shared_answer::compressed();
+    let compressed = crate::api::shared_answer::compressed();
     counter(
         &mut out,
         "coord_answer_compressions_total",
         "Answers gzip-compressed for callers that accept gzip. An answer every caller of a round shares (a job's devices, a GetAliveTasks round, a large value), on the leader or relayed by a follower, is compressed once for all of them.",
-        compressions,
+        compressed.answers,
     );
     counter(
         &mut out,
         "coord_answer_compressed_bytes_total",
         "Bytes of the answers counted in coord_answer_compressions_total, before compression.",
-        compressed_bytes,
+        compressed.bytes_in,
+    );
+    counter(
+        &mut out,
+        "coord_answer_gzipped_bytes_total",
+        "Bytes of the answers counted in coord_answer_compressions_total that were sent compressed (gzip shortened them), after compression: what each of their callers was sent.",
+        compressed.bytes_out,
     );
     let (waiting, waits) = crate::api::relayed_waits::relayed_waits();
     gauge(

@@ -504,11 +504,7 @@ impl CoordCore {
 /// arrival sent again, a registration elsewhere), while the devices change only as tasks arrive:
 /// the answers of one gathering then stay one list, which the service encodes and compresses once
 /// for all its callers (see `api::tf::TfService::device_fields`), however late each is polled.
-fn same_devices(
-    kept: Option<&DevicesAt>,
-    ns: &Ns,
-    fresh: Vec<DeviceInfo>,
-) -> Arc<Vec<DeviceInfo>> {
+fn same_devices(kept: Option<&DevicesAt>, ns: &Ns, fresh: Vec<DeviceInfo>) -> Arc<Vec<DeviceInfo>> {
     match kept {
         Some(((kept_ns, _), all)) if kept_ns == ns && **all == fresh => all.clone(),
         _ => Arc::new(fresh),
@@ -527,13 +523,19 @@ mod tests {
         let ns: Ns = None;
         let kept: DevicesAt = ((ns.clone(), 7), Arc::new(devices(b"a")));
         let again = same_devices(Some(&kept), &ns, devices(b"a"));
-        assert!(Arc::ptr_eq(&again, &kept.1), "the same devices: the kept list");
+        assert!(
+            Arc::ptr_eq(&again, &kept.1),
+            "the same devices: the kept list"
+        );
         let changed = same_devices(Some(&kept), &ns, devices(b"b"));
         assert!(!Arc::ptr_eq(&changed, &kept.1));
         assert_eq!(*changed, devices(b"b"));
         let other: Ns = Some("other".into());
         let elsewhere = same_devices(Some(&kept), &other, devices(b"a"));
-        assert!(!Arc::ptr_eq(&elsewhere, &kept.1), "another namespace's list");
+        assert!(
+            !Arc::ptr_eq(&elsewhere, &kept.1),
+            "another namespace's list"
+        );
         assert_eq!(*same_devices(None, &ns, devices(b"a")), devices(b"a"));
     }
 }
