@@ -24,6 +24,7 @@ pub mod kv;
 pub mod load;
 pub mod namespaces;
 pub mod raft_log;
+mod readings;
 pub mod rendezvous;
 pub mod rolling;
 pub mod scale;

@@ -12,6 +12,7 @@ use coord_agent::{ClientOptions, CoordClient};
 use coord_proto::tensorflow as tf;
 use futures::stream::{self, StreamExt};
 
+pub use super::readings::{cpu_seconds, metric, parked_calls, rss_bytes, summed};
 pub use super::wire_size::ACCEPT_GZIP;
 pub(super) use super::wire_size::{answer_size, call_size};
 
@@ -88,30 +89,6 @@ impl TasksReport {
             .saturating_sub(self.leader_rss_before_barrier) as f64
             / self.tasks.saturating_sub(1).max(1) as f64
     }
-}
-
-/// CPU time (user + system) of a process, in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
-
-/// Resident memory of a process, in bytes.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 /// Where in the heartbeat interval task `i` heartbeats, in [0, 1): scattered (splitmix64 of `i`),
@@ -251,31 +228,6 @@ pub(super) fn wait_request(i: usize, device_bytes: usize) -> tf::WaitForAllTasks
     }
 }
 
-/// Calls the replica serving metrics at `http` holds parked (0 if it does not answer).
-pub fn parked_calls(http: std::net::SocketAddr) -> u64 {
-    metric(http, "coord_parked_calls").map_or(0, |v| v as u64)
-}
-
-/// A metric (a sample without labels) summed over the replicas serving metrics at `https`, 0
-/// where one does not answer: what [`run`] reads of the ensemble.
-pub fn summed(https: Vec<std::net::SocketAddr>) -> impl Fn(&str) -> u64 {
-    move |name| {
-        https
-            .iter()
-            .map(|&http| metric(http, name).map_or(0, |v| v as u64))
-            .sum()
-    }
-}
-
-/// The value of metric `name` (a sample without labels) at `http`'s `/metrics`; none if the
-/// replica does not answer or does not report it (an older build).
-pub fn metric(http: std::net::SocketAddr, name: &str) -> Option<f64> {
-    let (_, m) = crate::http::get(http, "/metrics").ok()?;
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-}
-
 /// The simulated job.
 #[derive(Clone, Debug)]
 pub struct Load {
@@ -302,7 +254,7 @@ pub struct Load {
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
-/// leader runs as process `leader_pid`; `ensemble` sums a metric over its replicas ([`summed`]).
+/// leader runs as process `leader_pid`; `ensemble` sums a metric over its replicas ([`summed`](super::readings::summed)).
 pub async fn run(
     endpoints: Vec<String>,
     load: &Load,
@@ -539,7 +491,8 @@ pub async fn run(
     // serves): its size, what each answer that crossed the wire compressed carried.
     let wait_for_all_gzipped = {
         let after = gzipped();
-        let (answers, bytes) = (after.0 - gzipped_before.0, after.1 - gzipped_before.1);
+        let answers = after.0.saturating_sub(gzipped_before.0);
+        let bytes = after.1.saturating_sub(gzipped_before.1);
         (answers > 0 && bytes > 0).then(|| bytes / answers)
     };
     eprintln!(
