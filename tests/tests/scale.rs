@@ -201,14 +201,8 @@ async fn twenty_thousand_tasks_register_wait_pass_a_barrier_and_outlive_a_leader
     .await;
     let leader = env.cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let pid = env.cluster.pid(leader).expect("leader pid");
-    let https: Vec<_> = env
-        .cluster
-        .ids()
-        .iter()
-        .map(|&id| env.cluster.replica(id).http)
-        .collect();
     let endpoints = env.cluster.endpoints();
-    let report = run(endpoints, &load, pid, summed(https), || {
+    let report = run(endpoints, &load, pid, summed(&env.cluster), || {
         env.cluster.kill(leader)
     })
     .await

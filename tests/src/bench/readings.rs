@@ -31,9 +31,14 @@ pub fn parked_calls(http: std::net::SocketAddr) -> u64 {
     metric(http, "coord_parked_calls").map_or(0, |v| v as u64)
 }
 
-/// A metric (a sample without labels) summed over the replicas serving metrics at `https`, 0
-/// where one does not answer: what `tasks::run` reads of the ensemble.
-pub fn summed(https: Vec<std::net::SocketAddr>) -> impl Fn(&str) -> u64 {
+/// A metric (a sample without labels) summed over `cluster`'s replicas, 0 where one does not
+/// answer: what `tasks::run` reads of the ensemble.
+pub fn summed(cluster: &crate::Cluster) -> impl Fn(&str) -> u64 {
+    let https: Vec<std::net::SocketAddr> = cluster
+        .ids()
+        .iter()
+        .map(|&id| cluster.replica(id).http)
+        .collect();
     move |name| {
         https
             .iter()

@@ -153,17 +153,12 @@ async fn measure(load: &Load) -> Result<Measured, String> {
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
     let pid = cluster.pid(leader).ok_or("leader has no process")?;
     let term_before = cluster.status(leader).map_or(0, |s| s.term);
-    let https: Vec<std::net::SocketAddr> = cluster
-        .ids()
-        .iter()
-        .map(|&id| cluster.replica(id).http)
-        .collect();
     eprintln!(
         "coord-bench: {} tasks over {} connections, heartbeat every {:?}, leader is replica {leader} (pid {pid})",
         load.tasks, load.connections, load.heartbeat_every
     );
     let mut stalled = 0.0;
-    let report = run(cluster.endpoints(), load, pid, summed(https), || {
+    let report = run(cluster.endpoints(), load, pid, summed(&cluster), || {
         stalled = cluster.metric(leader, "coord_replica_stalled_seconds_total");
         cluster.kill(leader)
     })

@@ -97,11 +97,7 @@ impl TasksReport {
 /// 100,000 tasks over 1,000 connections: a sidecar would send those heartbeats together at no
 /// cost.)
 fn phase_of(i: usize) -> f64 {
-    let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z % 1_000_000) as f64 / 1_000_000.0
+    (scrambled(i as u64) % 1_000_000) as f64 / 1_000_000.0
 }
 
 pub(super) fn task(i: usize) -> tf::CoordinatedTask {
@@ -184,8 +180,8 @@ pub(super) async fn parked_until<T: std::fmt::Debug>(
     Ok(calls)
 }
 
-/// `n` scrambled (splitmix64's finalizer): a number as random-looking as TensorFlow's device
-/// incarnations, the same in every run.
+/// `n` scrambled (splitmix64's finalizer): a task's heartbeat phase, and a device incarnation as
+/// random-looking as TensorFlow's, the same in every run.
 fn scrambled(n: u64) -> u64 {
     let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -254,7 +250,7 @@ pub struct Load {
 }
 
 /// Runs the whole scenario against an ensemble configured with `--job worker=<tasks>`, whose
-/// leader runs as process `leader_pid`; `ensemble` sums a metric over its replicas ([`summed`](super::readings::summed)).
+/// leader runs as process `leader_pid`; `ensemble` sums a metric over its replicas ([`summed`](super::readings::summed) of its cluster).
 pub async fn run(
     endpoints: Vec<String>,
     load: &Load,
