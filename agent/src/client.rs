@@ -6,7 +6,9 @@
 //! the error, or tries the next replica, and sends the *same* request again — mutations carry a
 //! request id in metadata, so a retry is applied at most once. A call that should answer at once
 //! but does not within [`ClientOptions::attempt_timeout`] goes to the next replica the same way (a
-//! replica behind a one-way partition accepts calls it cannot complete). The caller sees
+//! replica behind a one-way partition accepts calls it cannot complete), unless that replica has
+//! just answered another of the client's writes: then it is serving, and the call waits its turn
+//! in a burst there (`progress`). The caller sees
 //! `UNAVAILABLE` only when no replica could serve the call for
 //! [`ClientOptions::unavailable_after`].
 //!
@@ -35,6 +37,7 @@ pub(crate) type Channel = coord_proto::conn::EagerEnd<tonic::transport::Channel>
 mod admin;
 mod kv;
 mod namespaces;
+mod progress;
 mod tasks;
 
 /// Largest message the client sends or accepts (a value near the server's 4 MiB default limit
@@ -88,6 +91,8 @@ struct Inner {
     /// Index of the replica calls go to first.
     preferred: AtomicUsize,
     session: Arc<RequestSession>,
+    /// Which replicas answered writes lately: an attempt there goes on past its timeout.
+    progress: progress::Progress,
     options: ClientOptions,
     /// [`ClientOptions::namespace`] as the header's value.
     namespace: Option<tonic::metadata::AsciiMetadataValue>,
@@ -114,8 +119,10 @@ impl CoordClient {
                     Status::invalid_argument(format!("namespace {ns:?} is not ASCII"))
                 })?),
             };
+        let progress = progress::Progress::new(endpoints.len());
         Ok(Self {
             inner: Arc::new(Inner {
+                progress,
                 endpoints,
                 channels,
                 preferred: AtomicUsize::new(0),
@@ -311,17 +318,13 @@ impl CoordClient {
             let attempt = f(self.inner.channels[at].clone(), r);
             let answer = match attempt_timeout {
                 None => attempt.await,
-                Some(limit) => tokio::time::timeout(limit, attempt)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Status::unavailable(format!(
-                            "no answer from {} within {limit:?}",
-                            self.inner.endpoints[at]
-                        )))
-                    }),
+                Some(limit) => self.answer_within(at, limit, attempt).await,
             };
             let status = match answer {
                 Ok(resp) => {
+                    if ticket.is_some() {
+                        self.inner.progress.committed(at, Instant::now());
+                    }
                     self.inner.preferred.store(at, Ordering::Relaxed);
                     return Ok(resp.into_inner());
                 }
@@ -353,6 +356,37 @@ impl CoordClient {
             }
         }
     }
+
+    /// An attempt's answer from replica `at`, or UNAVAILABLE once it has gone `limit` without one
+    /// while the replica answered none of this client's writes: one that commits writes is
+    /// serving and the call waits its turn there (see `progress`). However busy the replica, one
+    /// attempt is given up after [`ClientOptions::unavailable_after`].
+    async fn answer_within<Resp>(
+        &self,
+        at: usize,
+        limit: Duration,
+        attempt: impl Future<Output = Result<Response<Resp>, Status>>,
+    ) -> Result<Response<Resp>, Status> {
+        let sent = Instant::now();
+        let most = self.inner.options.unavailable_after.max(limit);
+        tokio::pin!(attempt);
+        let mut until = sent + limit;
+        loop {
+            if let Ok(answer) = tokio::time::timeout_at(until, &mut attempt).await {
+                return answer;
+            }
+            let now = Instant::now();
+            let serving = self.inner.progress.committed_within(at, limit, now);
+            if !serving || now.duration_since(sent) >= most {
+                return Err(Status::unavailable(format!(
+                    "no answer from {} within {:?}",
+                    self.inner.endpoints[at],
+                    now.duration_since(sent)
+                )));
+            }
+            until = (now + limit).min(sent + most);
+        }
+    }
 }
 
 /// A lazily connected channel to the replica at `addr` (`host:port`).
@@ -368,6 +402,7 @@ fn channel(addr: &str, options: &ClientOptions) -> Result<Channel, Status> {
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true);
+    let endpoint = coord_proto::conn::for_many_calls(endpoint);
     Ok(coord_proto::conn::EagerEnd(
         coord_proto::conn::connect_lazy(&endpoint, None),
     ))
@@ -395,7 +430,7 @@ fn retryable(s: &Status) -> bool {
 /// A status's message with the chain of errors behind it: a connection failure says only
 /// "transport error" on its own, the reason (a refused certificate, a closed connection) is in
 /// its sources.
-fn describe(status: &Status) -> String {
+pub(crate) fn describe(status: &Status) -> String {
     let mut text = status.message().to_string();
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {

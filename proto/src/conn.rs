@@ -173,6 +173,23 @@ impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected
     }
 }
 
+/// Streams a connection remembers having reset (HTTP/2's default: 10 in hyper, 50 in h2).
+const RESETS_REMEMBERED: usize = 1 << 16;
+
+/// `endpoint` for a connection carrying thousands of calls at once to a replica (a sidecar's, a
+/// follower relaying its callers'). A call given up on (its caller gone, an attempt timed out)
+/// resets its stream; the replica's answer may already be on its way. h2 drops such an answer
+/// quietly only while it remembers the reset, and takes one for a stream it has forgotten as an
+/// error of its own, counted over the connection's whole life: past 1,024 it ends the connection
+/// with ENHANCE_YOUR_CALM, and every call on it fails RESOURCE_EXHAUSTED (a coord-proxy in front
+/// of 12,500 torch ranks did so in their first burst). So resets are remembered by the thousand,
+/// and a connection to a replica, which this side chose to trust, is not ended for them.
+pub fn for_many_calls(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .http2_max_concurrent_reset_streams(RESETS_REMEMBERED)
+        .http2_max_local_error_reset_streams(None)
+}
+
 /// A channel to `endpoint` whose connections are [`Coalesced`] TCP connections (with
 /// `TCP_NODELAY`, from `local` when given), made on first use. TLS, timeouts and HTTP/2 settings
 /// are the endpoint's, as with [`Endpoint::connect_lazy`].

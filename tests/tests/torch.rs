@@ -7,10 +7,14 @@
 //! - Bad input closes only the offending connection, with a log line naming the problem.
 //! - SIGTERM (a Kubernetes sidecar being stopped) ends coord-proxy with status 0 at once.
 //! - torchrun (1 node × 2 workers) trains through two leader kills with the same result.
+//! - Many connections' WAITs park one call, and their ADDs go in few calls (`RawKeys.Adds`, each
+//!   add applied once, answered in order).
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use coord_proto::coord::kv as pb;
+use coord_proto::coord::kv::raw_keys_client::RawKeysClient;
 use coord_tests::cluster::free_ports;
 use coord_tests::tcpstore_client::StoreClient;
 use coord_tests::torch::{StoreSidecar, Torch};
@@ -304,4 +308,164 @@ async fn two_torchrun_jobs_with_one_run_id_in_two_namespaces() {
         assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "every step once");
         assert_eq!(result, expected, "the result it gets alone");
     }
+}
+
+/// A request id header for a call of client `client` (coord's `<client>.<seq>.<acked_below>`).
+fn with_id<T>(msg: T, client: u64, seq: u64) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    let id = format!("{client}.{seq}.1").parse().expect("ascii");
+    r.metadata_mut()
+        .insert(coord_proto::metadata::REQUEST_ID, id);
+    r
+}
+
+fn add(key: &[u8], delta: i64) -> pb::RawAddRequest {
+    pb::RawAddRequest {
+        key: key.to_vec().into(),
+        delta,
+    }
+}
+
+/// `RawKeys.Adds`, coord-proxy's ADDs of many connections in one call: each add applied once
+/// under its own number however often the call comes (here through a follower, then again to the
+/// leader), answered in order; one add's bad key is its own error among the others' values; a call
+/// that breaks the rules is refused whole, naming the rule, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_in_one_call_apply_once_each_and_answer_in_order() {
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let follower = cluster.other_than(leader);
+    let connect = |id: u64| {
+        let addr = format!("http://{}", cluster.replica(id).grpc);
+        async move { RawKeysClient::connect(addr).await.expect("connect") }
+    };
+    let (mut via_follower, mut via_leader) = (connect(follower).await, connect(leader).await);
+    let long_key = vec![b'k'; 9 * 1024];
+    let call = pb::RawAddsRequest {
+        adds: vec![
+            add(b"/a", 1),
+            add(b"/a", 2),
+            add(&long_key, 1),
+            add(b"/b", 5),
+        ],
+        add_seqs: vec![11, 12, 13, 14],
+    };
+    let answers = |r: pb::RawAddsResponse| -> Vec<(i64, i32)> {
+        r.answers.iter().map(|a| (a.value, a.error_code)).collect()
+    };
+    let first = via_follower
+        .adds(with_id(call.clone(), 77, 15))
+        .await
+        .expect("adds")
+        .into_inner();
+    let bad = tonic::Code::InvalidArgument as i32;
+    assert_eq!(answers(first.clone()), [(1, 0), (3, 0), (0, bad), (5, 0)]);
+    assert!(
+        first.answers[2].error_message.contains("8192"),
+        "the long key's own error names the limit: {:?}",
+        first.answers[2].error_message
+    );
+    // The same call again (a proxy re-sending it to the new leader): the same answers, nothing
+    // added twice.
+    let again = via_leader
+        .adds(with_id(call, 77, 15))
+        .await
+        .expect("adds again")
+        .into_inner();
+    assert_eq!(again, first);
+    let now = |c: &mut RawKeysClient<tonic::transport::Channel>| {
+        let mut c = c.clone();
+        async move {
+            let req = pb::RawAddsRequest {
+                adds: vec![add(b"/a", 0), add(b"/b", 0)],
+                add_seqs: vec![],
+            };
+            let r = c.adds(req).await.expect("read back").into_inner();
+            r.answers.iter().map(|a| a.value).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(now(&mut via_leader).await, [3, 5]);
+
+    // Refused whole, naming what is wrong, and nothing applied.
+    let too_many = pb::RawAddsRequest {
+        adds: vec![add(b"/a", 1); 8193],
+        add_seqs: vec![],
+    };
+    let e = via_leader.adds(too_many).await.expect_err("8,193 adds");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("8192"), "{e}");
+    let miscounted = pb::RawAddsRequest {
+        adds: vec![add(b"/a", 1), add(b"/a", 1)],
+        add_seqs: vec![21],
+    };
+    let e = (via_follower.adds(with_id(miscounted, 78, 22)).await).expect_err("1 number for 2");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("add_seqs"), "{e}");
+    let unnamed = pb::RawAddsRequest {
+        adds: vec![add(b"/a", 1)],
+        add_seqs: vec![31],
+    };
+    let e = via_leader
+        .adds(unnamed)
+        .await
+        .expect_err("numbers without an id");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("coord-request-id"), "{e}");
+    assert_eq!(now(&mut via_leader).await, [3, 5]);
+}
+
+/// init_process_group's join counter, in small: connections that ADD while one call of ADDs is
+/// out (the leader cannot commit it while both followers are stopped) go together in the next,
+/// and each gets a value of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_of_many_connections_go_in_one_call() {
+    const RANKS: usize = 64;
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let sidecar = StoreSidecar::start(&cluster.endpoints());
+    let mut ranks = Vec::new();
+    for _ in 0..RANKS {
+        ranks.push(StoreClient::connect(&sidecar.store).await.expect("connect"));
+    }
+    // The proxy finds the leader with a first ADD, so that the burst's calls go there.
+    assert_eq!(ranks[0].add(b"/warm", 1).await.expect("add"), 1);
+    let calls = |c: &mut Cluster, method: &str| {
+        c.metric(
+            leader,
+            &format!("coord_rpc_duration_seconds_count{{method=\"{method}\",code=\"OK\"}}"),
+        )
+    };
+    let before = calls(&mut cluster, "raw/Adds");
+    let followers: Vec<u64> = (cluster.replicas.iter().map(|r| r.id))
+        .filter(|&id| id != leader)
+        .collect();
+    for &f in &followers {
+        cluster.pause(f);
+    }
+    let burst: Vec<_> = ranks
+        .into_iter()
+        .map(|mut c| tokio::spawn(async move { c.add(b"/joined", 1).await.expect("add") }))
+        .collect();
+    // Every ADD reaches the proxy while the first call is out (the 2 s attempt timeout is not
+    // reached: the call is answered once the followers go on).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for &f in &followers {
+        cluster.resume(f);
+    }
+    let mut values = Vec::new();
+    for b in burst {
+        values.push(
+            tokio::time::timeout(Duration::from_secs(30), b)
+                .await
+                .expect("every ADD answered within 30 s")
+                .expect("rank"),
+        );
+    }
+    values.sort_unstable();
+    assert_eq!(values, (1..=RANKS as i64).collect::<Vec<_>>());
+    let sent = calls(&mut cluster, "raw/Adds") - before;
+    assert!(
+        (1.0..=2.0).contains(&sent),
+        "{RANKS} ADDs in {sent} calls: the first, and one for all that came while it was out"
+    );
 }

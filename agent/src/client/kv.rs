@@ -6,11 +6,18 @@
 
 use bytes::Bytes;
 use coord_proto::coord::kv::key_value_client::KeyValueClient;
-use coord_proto::coord::kv::{IncrementRequest, WatchRequest, WatchResponse};
+use coord_proto::coord::kv::raw_keys_client::RawKeysClient;
+use coord_proto::coord::kv::{
+    IncrementRequest, RawAddAnswer, RawAddRequest, RawAddsRequest, WatchRequest, WatchResponse,
+};
 use coord_proto::tensorflow as tf;
 use tonic::{Code, Status};
 
 use super::{tf_client, CoordClient};
+
+/// What an attempt of [`CoordClient::raw_adds`] may take per add beyond the attempt timeout: a
+/// call of 8,192 adds, 4 s more (each is a command the leader proposes and applies).
+const ATTEMPT_PER_ADD: std::time::Duration = std::time::Duration::from_micros(500);
 
 impl CoordClient {
     /// Inserts `key`; with `overwrite` false an existing key is ALREADY_EXISTS.
@@ -129,5 +136,24 @@ impl CoordClient {
             KeyValueClient::new(ch).watch(r).await
         })
         .await
+    }
+
+    /// Several raw-key adds in one call (`RawKeys.Adds`), each under a request number of its own,
+    /// so that the call sent again after a leader change applies each once; one answer per add,
+    /// in order. An attempt may take a little longer per add than a call of one.
+    pub async fn raw_adds(&self, adds: Vec<RawAddRequest>) -> Result<Vec<RawAddAnswer>, Status> {
+        let (tickets, call) = self.tickets(adds.len());
+        let limit = self.inner.options.attempt_timeout + ATTEMPT_PER_ADD * adds.len() as u32;
+        let req = RawAddsRequest {
+            add_seqs: tickets.iter().map(|t| t.id.seq).collect(),
+            adds,
+        };
+        let resp = self
+            .call_with(req, Some(&call), Some(limit), |ch, r| async move {
+                RawKeysClient::new(ch).adds(r).await
+            })
+            .await;
+        drop((tickets, call));
+        Ok(resp?.answers)
     }
 }

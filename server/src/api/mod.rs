@@ -52,6 +52,7 @@ pub mod dispatcher;
 pub mod http;
 pub mod kv;
 pub mod namespaces;
+pub mod numbered;
 pub mod oversized;
 pub mod payloads;
 pub mod raw_kv;

@@ -10,6 +10,8 @@ use coord_proto::coord::kv::raw_keys_client::RawKeysClient;
 use coord_proto::coord::kv::raw_keys_server::RawKeys;
 use tonic::{Request, Response, Status};
 
+use crate::api::numbered::{item_answer, item_id, numbered};
+use crate::error::CoordError;
 use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use crate::serve::raw_kv::RawCore;
 use crate::serve::route::{Kind, Router};
@@ -38,6 +40,40 @@ fn client(ch: PeerChannel) -> RawKeysClient<PeerChannel> {
     RawKeysClient::new(ch)
         .max_decoding_message_size(PEER_MESSAGE_LIMIT)
         .max_encoding_message_size(PEER_MESSAGE_LIMIT)
+}
+
+/// Most adds in one `Adds` call: a burst of thousands of torch ranks goes in a few calls, and no
+/// call holds the leader's proposer for long.
+pub const MAX_ADDS: usize = 8_192;
+
+/// Checks an `Adds` call before it is routed: no more than [`MAX_ADDS`] adds, numbered as such
+/// calls must be (see [`numbered`]).
+fn adds_well_formed(req: &Request<pb::RawAddsRequest>) -> Result<(), Status> {
+    let m = req.get_ref();
+    if m.adds.len() > MAX_ADDS {
+        return Err(Status::invalid_argument(format!(
+            "adds: {} adds in one call; send at most {MAX_ADDS}",
+            m.adds.len()
+        )));
+    }
+    numbered(req, "add_seqs", m.add_seqs.len(), "adds", m.adds.len())
+}
+
+/// One add's answer as its own Add call would have had it; `Err` for an error the whole call must
+/// end with, one that routing re-drives (the leader changed meanwhile).
+fn add_answer(added: Result<i64, CoordError>) -> Result<pb::RawAddAnswer, CoordError> {
+    item_answer(
+        added,
+        |value| pb::RawAddAnswer {
+            value,
+            ..Default::default()
+        },
+        |error_code, error_message, _| pb::RawAddAnswer {
+            value: 0,
+            error_code,
+            error_message,
+        },
+    )
 }
 
 #[tonic::async_trait]
@@ -91,6 +127,25 @@ impl RawKeys for RawKeyService {
         routed!(self, req, "raw/Add", Kind::Write, add, |raw, m, id| {
             let value = raw.add(id, m.key, m.delta).await?;
             Ok(pb::RawAddResponse { value })
+        })
+    }
+
+    async fn adds(
+        &self,
+        req: Request<pb::RawAddsRequest>,
+    ) -> Result<Response<pb::RawAddsResponse>, Status> {
+        adds_well_formed(&req)?;
+        routed!(self, req, "raw/Adds", Kind::Write, adds, |raw, m, id| {
+            let seqs = m.add_seqs;
+            let each = m.adds.into_iter().enumerate().map(|(i, a)| {
+                let own = item_id(id, &seqs, i);
+                async move { add_answer(raw.add(own, a.key, a.delta).await) }
+            });
+            let answers = futures::future::join_all(each)
+                .await
+                .into_iter()
+                .collect::<Result<_, _>>()?;
+            Ok(pb::RawAddsResponse { answers })
         })
     }
 

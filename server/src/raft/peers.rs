@@ -121,6 +121,7 @@ impl PeerChannels {
             // control.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20));
+        let channel = coord_proto::conn::for_many_calls(channel);
         Ok(EagerEnd(if self.raft {
             coord_proto::conn::connect_raft_lazy(&channel, self.source)
         } else {

@@ -71,6 +71,10 @@ enum Cmd {
     /// init_process_group's store traffic for thousands of ranks, torchrun's start to its first
     /// step, and the stall a torch client sees across a leader kill.
     Torch(torch::Args),
+    /// A share of `torch`'s simulated ranks, run in a child process of it (see
+    /// `coord_tests::bench::torch::ranks`).
+    #[command(hide = true)]
+    TorchRanks(torch::ranks::ChildArgs),
     /// Many jobs on one ensemble, each in its own namespace, beside a noisy namespace writing as
     /// fast as it can: the quiet jobs' barrier p99 with and without it, the noisy one's rate,
     /// the state an empty namespace takes.
@@ -169,6 +173,12 @@ async fn main() {
         Cmd::Torch(args) => {
             if let Err(e) = torch::run(args).await {
                 eprintln!("coord-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::TorchRanks(args) => {
+            if let Err(e) = torch::ranks::child(args).await {
+                eprintln!("coord-bench torch-ranks: {e}");
                 std::process::exit(1);
             }
         }

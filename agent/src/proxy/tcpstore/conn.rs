@@ -55,7 +55,9 @@ fn refused(request: &'static str) -> impl Fn(tonic::Status) -> Closed {
     move |s| Closed::Refused {
         request,
         code: s.code(),
-        message: s.message().to_string(),
+        // With the errors behind it: a broken connection to the ensemble says only "h2 protocol
+        // error" on its own.
+        message: crate::client::describe(&s),
     }
 }
 

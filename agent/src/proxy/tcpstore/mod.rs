@@ -13,9 +13,11 @@
 //!   closes a connection (logged).
 //! - [`ops`]: what each request does on the ensemble.
 //! - [`reads`]: GETs of many connections sent together.
+//! - [`adds`]: ADDs of many connections sent together.
 //! - [`waits`]: WAITs of many connections for the same keys, parked as one call.
 //! - [`order`]: reply-less writes seen by every connection in the order they arrived.
 
+mod adds;
 pub mod codec;
 mod conn;
 mod ops;

@@ -14,6 +14,7 @@ use coord_proto::coord::kv as pb;
 use coord_proto::metadata::RequestSession;
 use tonic::Status;
 
+use super::adds::Adds;
 use super::reads::{raw, Reads};
 use super::waits::Waits;
 use crate::client::CoordClient;
@@ -28,9 +29,10 @@ pub struct Store {
     /// This connection's request ids: one client of the ensemble per torch connection.
     session: Arc<RequestSession>,
     prefix: Bytes,
-    /// GETs go out in flights shared with the proxy's other connections, and WAITs for the same
-    /// keys park one call.
+    /// GETs and ADDs go out in flights shared with the proxy's other connections, and WAITs for
+    /// the same keys park one call.
     reads: Reads,
+    adds: Adds,
     waits: Waits,
 }
 
@@ -55,6 +57,7 @@ impl Store {
     pub fn new(client: CoordClient, prefix: Bytes) -> Self {
         Self {
             reads: Reads::start(client.clone()),
+            adds: Adds::start(client.clone()),
             waits: Waits::new(client.clone()),
             client,
             session: CoordClient::new_session(),
@@ -69,6 +72,7 @@ impl Store {
             session: CoordClient::new_session(),
             prefix: self.prefix.clone(),
             reads: self.reads.clone(),
+            adds: self.adds.clone(),
             waits: self.waits.clone(),
         }
     }
@@ -135,12 +139,9 @@ impl Store {
         })
     }
 
+    /// Adds `delta` to the counter at `key` (with the ADDs of the proxy's other connections).
     pub async fn add(&self, key: &[u8], delta: i64) -> Result<i64, Status> {
-        let req = pb::RawAddRequest {
-            key: self.key(key),
-            delta,
-        };
-        Ok(call!(self, add, req, true, false)?.value)
+        self.adds.add(self.key(key), delta).await
     }
 
     pub async fn append(&self, key: &[u8], value: Bytes) -> Result<(), Status> {

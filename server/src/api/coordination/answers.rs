@@ -9,13 +9,13 @@ use coord_raft_store::state::{Outcome, TaskName, TaskSet};
 use coord_raft_store::RequestId;
 use tonic::{Request, Status};
 
+use crate::api::numbered::{error_fields, item_answer, item_id, numbered};
 use crate::api::payloads::{barrier_error, detailed_with};
 use crate::api::tf::{devices_of, heartbeat_answer};
 use crate::api::wire::{task_from, tasks_from};
 use crate::api::xla::errors::detailed;
 use crate::api::xla::XlaService;
 use crate::error::CoordError;
-use crate::ops::request_id;
 use crate::serve::coordination::CoordCore;
 
 /// Checks that `XlaAliveArrivals` numbers its arrivals as it must (see [`numbered`]).
@@ -61,46 +61,6 @@ pub(super) fn asks_well_formed(req: &Request<pb::XlaAliveAsksRequest>) -> Result
     Ok(())
 }
 
-/// Checks that a call numbering the commands it carries (`what`, `n` of them) under its own
-/// client does so as it must: one number per command (`seqs`, `numbers` of them) or none, and
-/// numbers only under a request id of the caller's own (a replica would number them under its
-/// own client, where they could be taken for its other requests).
-fn numbered<T>(
-    req: &Request<T>,
-    seqs: &str,
-    numbers: usize,
-    what: &str,
-    n: usize,
-) -> Result<(), Status> {
-    if numbers == 0 {
-        return Ok(());
-    }
-    if numbers != n {
-        return Err(Status::invalid_argument(format!(
-            "{seqs}: {numbers} numbers for {n} {what}; send one per item, or none"
-        )));
-    }
-    match request_id::from_metadata(req.metadata()).map_err(Status::from)? {
-        Some(_) => Ok(()),
-        None => Err(Status::invalid_argument(format!(
-            "{seqs} number the {what} under the call's client, but the call carries no {} \
-             metadata",
-            coord_proto::metadata::REQUEST_ID
-        ))),
-    }
-}
-
-/// An error a call of its own would have ended with, as the code, message and status details an
-/// answer among several carries.
-fn error_fields(e: CoordError) -> (i32, String, Vec<u8>) {
-    let s = Status::from(e);
-    (
-        s.code() as i32,
-        s.message().to_string(),
-        s.details().to_vec(),
-    )
-}
-
 /// One beat's answer as its own Heartbeat call would have had it; `Err` for an error the whole
 /// call must end with, one that routing re-drives (the leader changed meanwhile).
 pub(super) fn beat_answer(
@@ -110,22 +70,19 @@ pub(super) fn beat_answer(
 ) -> Result<pb::BeatAnswer, CoordError> {
     let answered = task_from(beat.task.as_ref(), &format!("beats[{i}].task"))
         .and_then(|task| heartbeat_answer(core, &task, beat.incarnation));
-    match answered.map_err(|e| detailed_with(e, None)) {
-        Ok(leader_incarnation) => Ok(pb::BeatAnswer {
+    item_answer(
+        answered.map_err(|e| detailed_with(e, None)),
+        |leader_incarnation| pb::BeatAnswer {
             leader_incarnation,
             ..Default::default()
-        }),
-        Err(e) if e.is_retryable() => Err(e),
-        Err(e) => {
-            let (error_code, error_message, details) = error_fields(e);
-            Ok(pb::BeatAnswer {
-                leader_incarnation: 0,
-                error_code,
-                error_message,
-                error_details: details.into(),
-            })
-        }
-    }
+        },
+        |error_code, error_message, details| pb::BeatAnswer {
+            leader_incarnation: 0,
+            error_code,
+            error_message,
+            error_details: details.into(),
+        },
+    )
 }
 
 /// What a task's Barrier call is answered with once its instance is decided (`Outcome`) or it
@@ -250,9 +207,7 @@ pub(super) async fn alive_asks_answered(
         .collect();
     let (sets, set_of, seqs) = (m.sets, m.set, m.ask_seqs);
     let recorded = m.asks.into_iter().enumerate().map(|(i, a)| {
-        let own = id
-            .zip(seqs.get(i))
-            .map(|(id, &seq)| RequestId { seq, ..id });
+        let own = item_id(id, &seqs, i);
         let k = set_of.get(i).map_or(usize::MAX, |&k| k as usize);
         let named = xla.alive_named_with(&a, || match (read.get(k), sets.get(k)) {
             (Some(Some(set)), _) => Ok(set.clone()),

@@ -1,0 +1,151 @@
+//! ADDs of many torch connections, sent to the ensemble together.
+//!
+//! `init_process_group` has every rank ADD itself to one counter at once. As a gRPC call each, a
+//! job of 100,000 ranks behind 8 sidecars put 12,500 calls on each sidecar's connection to the
+//! leader at once: the leader fell behind so far that it left the connections' HTTP/2 pings
+//! unanswered for seconds, the sidecars dropped the connections, and every ADD on them failed.
+//! Here the ADDs waiting when a flight leaves go in one `RawKeys.Adds`, and those that arrive
+//! while it is out go in the next, so flights grow only with the load (one connection alone sees
+//! one call per ADD, as before). Each ADD is applied once, under a request number of its own, and
+//! answered as its own call would be: its value, or its own error.
+//!
+//! An ensemble without `Adds` (an older release) answers UNIMPLEMENTED: from then on every ADD
+//! goes on its own. A flight the ensemble refuses as a whole is sent again one ADD per call, so
+//! that one connection's bad request does not fail its neighbours'.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use coord_proto::coord::kv as pb;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Code, Status};
+
+use super::reads::raw;
+use crate::client::CoordClient;
+
+/// At most this many ADDs in one flight (the ensemble takes 8,192 a call).
+const MAX_FLIGHT_ADDS: usize = 4096;
+
+/// At most this many bytes of keys in one flight (one larger ADD goes alone): under the 4 MiB a
+/// replica decodes.
+const MAX_FLIGHT_BYTES: usize = 2 << 20;
+
+type Added = Result<i64, Status>;
+
+struct Add {
+    req: pb::RawAddRequest,
+    reply: oneshot::Sender<Added>,
+}
+
+/// The flights of one proxy's ADDs (cloned into every connection's [`super::Store`]).
+#[derive(Clone)]
+pub struct Adds {
+    tx: mpsc::UnboundedSender<Add>,
+    client: CoordClient,
+    /// Cleared when the ensemble does not know `Adds`.
+    batched: Arc<AtomicBool>,
+}
+
+impl Adds {
+    /// Starts the task that sends the flights; it ends when every `Adds` is dropped.
+    pub fn start(client: CoordClient) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batched = Arc::new(AtomicBool::new(true));
+        tokio::spawn(flights(client.clone(), batched.clone(), rx));
+        Self {
+            tx,
+            client,
+            batched,
+        }
+    }
+
+    /// Adds `delta` to the counter at `key` (already prefixed): its new value.
+    pub async fn add(&self, key: Bytes, delta: i64) -> Added {
+        let req = pb::RawAddRequest { key, delta };
+        if !self.batched.load(Ordering::Relaxed) {
+            return alone(&self.client, req).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        let gone = || Status::unavailable("coord-proxy's adds task has stopped");
+        self.tx.send(Add { req, reply }).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+async fn flights(
+    client: CoordClient,
+    batched: Arc<AtomicBool>,
+    mut rx: mpsc::UnboundedReceiver<Add>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.req.key.len();
+        let mut flight = vec![first];
+        while flight.len() < MAX_FLIGHT_ADDS {
+            let Ok(next) = rx.try_recv() else { break };
+            bytes += next.req.key.len();
+            flight.push(next);
+            if bytes >= MAX_FLIGHT_BYTES {
+                break;
+            }
+        }
+        let n = flight.len();
+        let reqs = flight.iter().map(|a| a.req.clone()).collect();
+        match client.raw_adds(reqs).await {
+            Ok(answers) if answers.len() == n => {
+                for (a, answer) in flight.into_iter().zip(answers) {
+                    let _ = a.reply.send(answered(answer));
+                }
+            }
+            Ok(answers) => {
+                let s = Status::internal(format!(
+                    "the ensemble answered {} adds of {n}",
+                    answers.len()
+                ));
+                for a in flight {
+                    let _ = a.reply.send(Err(s.clone()));
+                }
+            }
+            Err(s) if s.code() == Code::Unimplemented => {
+                batched.store(false, Ordering::Relaxed);
+                each_alone(&client, flight).await;
+            }
+            // No replica could serve it: the same for every ADD of the flight.
+            Err(s) if n == 1 || s.code() == Code::Unavailable => {
+                for a in flight {
+                    let _ = a.reply.send(Err(s.clone()));
+                }
+            }
+            Err(_) => each_alone(&client, flight).await,
+        }
+    }
+}
+
+/// One add's answer among a flight's: its value, or the error its own call would have had.
+fn answered(a: pb::RawAddAnswer) -> Added {
+    match a.error_code {
+        0 => Ok(a.value),
+        code => Err(Status::new(Code::from(code), a.error_message)),
+    }
+}
+
+/// Sends every ADD of `flight` on its own, at once, each answered with its own call's outcome.
+async fn each_alone(client: &CoordClient, flight: Vec<Add>) {
+    let calls = flight.into_iter().map(|a| async move {
+        let _ = a.reply.send(alone(client, a.req).await);
+    });
+    futures::future::join_all(calls).await;
+}
+
+/// One `RawKeys.Add`, under a request id of the proxy's own.
+async fn alone(client: &CoordClient, req: pb::RawAddRequest) -> Added {
+    let resp = client
+        .forward(
+            req,
+            true,
+            false,
+            |ch, r| async move { raw(ch).add(r).await },
+        )
+        .await?;
+    Ok(resp.value)
+}
