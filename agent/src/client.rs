@@ -40,6 +40,8 @@ mod namespaces;
 mod progress;
 mod tasks;
 
+pub use kv::AddsFailed;
+
 /// Largest message the client sends or accepts (a value near the server's 4 MiB default limit
 /// plus its key).
 const MESSAGE_LIMIT: usize = 64 << 20;

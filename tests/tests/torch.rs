@@ -328,7 +328,7 @@ fn add(key: &[u8], delta: i64) -> pb::RawAddRequest {
 
 /// `RawKeys.Adds`, coord-proxy's ADDs of many connections in one call: each add applied once
 /// under its own number however often the call comes (here through a follower, then again to the
-/// leader), answered in order; one add's bad key is its own error among the others' values; a call
+/// leader, then one add alone under its number), answered in order; one add's bad key is its own error among the others' values; a call
 /// that breaks the rules is refused whole, naming the rule, and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adds_in_one_call_apply_once_each_and_answer_in_order() {
@@ -373,6 +373,15 @@ async fn adds_in_one_call_apply_once_each_and_answer_in_order() {
         .expect("adds again")
         .into_inner();
     assert_eq!(again, first);
+    // One add of the call on a call of its own under the number it had there (how coord-proxy
+    // sends a flight's ADDs again after the call failed as a whole, maybe applied): the value it
+    // had in the call, nothing added twice.
+    let alone = via_follower
+        .add(with_id(add(b"/a", 2), 77, 12))
+        .await
+        .expect("one add again alone")
+        .into_inner();
+    assert_eq!(alone.value, 3);
     let now = |c: &mut RawKeysClient<tonic::transport::Channel>| {
         let mut c = c.clone();
         async move {
@@ -468,4 +477,67 @@ async fn adds_of_many_connections_go_in_one_call() {
         (1.0..=2.0).contains(&sent),
         "{RANKS} ADDs in {sent} calls: the first, and one for all that came while it was out"
     );
+}
+
+/// A call of ADDs that fails as a whole may have been applied (the leader had it in its log when
+/// the client gave up); coord-proxy then sends each ADD again on a call of its own, under the
+/// number it had in the call, and each is applied once: with both followers stopped the call
+/// fails UNAVAILABLE, the leader commits it once they go on, and the ADDs sent again are answered
+/// with the values they had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_of_a_call_that_failed_are_sent_again_under_their_numbers() {
+    const ADDS: usize = 5;
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let mut options =
+        coord_agent::client::ClientOptions::new(vec![cluster.replica(leader).grpc.to_string()]);
+    options.attempt_timeout = Duration::from_millis(300);
+    options.unavailable_after = Duration::from_secs(1);
+    let client = coord_agent::client::CoordClient::new(options).expect("client");
+    let counter = || async {
+        let read = client.raw_adds(vec![add(b"/n", 0)]).await;
+        read.map_err(|f| f.status).expect("read the counter")[0].value
+    };
+    assert_eq!(counter().await, 0);
+    let followers: Vec<u64> = (cluster.replicas.iter().map(|r| r.id))
+        .filter(|&id| id != leader)
+        .collect();
+    for &f in &followers {
+        cluster.pause(f);
+    }
+    let failed = match client.raw_adds(vec![add(b"/n", 1); ADDS]).await {
+        Ok(answers) => panic!("no majority, yet answered: {answers:?}"),
+        Err(failed) => failed,
+    };
+    assert_eq!(
+        failed.status.code(),
+        tonic::Code::Unavailable,
+        "{}",
+        failed.status
+    );
+    assert_eq!(failed.len(), ADDS);
+    for &f in &followers {
+        cluster.resume(f);
+    }
+    // The leader, if it still leads, commits the call now; if it does not, the call is lost.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut applied = counter().await;
+    while applied != ADDS as i64 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        applied = counter().await;
+    }
+    assert!(
+        applied == 0 || applied == ADDS as i64,
+        "{applied} of the call's {ADDS} adds applied"
+    );
+    let mut values = (failed.each_alone(&client).await.into_iter())
+        .map(|v| v.expect("an add sent again"))
+        .collect::<Vec<_>>();
+    values.sort_unstable();
+    assert_eq!(
+        values,
+        (1..=ADDS as i64).collect::<Vec<_>>(),
+        "the call applied: {applied}"
+    );
+    assert_eq!(counter().await, ADDS as i64);
 }

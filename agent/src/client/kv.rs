@@ -13,6 +13,8 @@ use coord_proto::coord::kv::{
 use coord_proto::tensorflow as tf;
 use tonic::{Code, Status};
 
+use coord_proto::metadata::Ticket;
+
 use super::{tf_client, CoordClient};
 
 /// What an attempt of [`CoordClient::raw_adds`] may take per add beyond the attempt timeout: a
@@ -141,7 +143,15 @@ impl CoordClient {
     /// Several raw-key adds in one call (`RawKeys.Adds`), each under a request number of its own,
     /// so that the call sent again after a leader change applies each once; one answer per add,
     /// in order. An attempt may take a little longer per add than a call of one.
-    pub async fn raw_adds(&self, adds: Vec<RawAddRequest>) -> Result<Vec<RawAddAnswer>, Status> {
+    ///
+    /// A call that fails as a whole hands its adds back with their numbers ([`AddsFailed`]): the
+    /// ensemble may have applied them before the call broke (a connection the server ended with
+    /// `RESOURCE_EXHAUSTED` fails without a retry), and only an add sent again under the number
+    /// it had is answered as it was instead of applied again.
+    pub async fn raw_adds(
+        &self,
+        adds: Vec<RawAddRequest>,
+    ) -> Result<Vec<RawAddAnswer>, AddsFailed> {
         let (tickets, call) = self.tickets(adds.len());
         let limit = self.inner.options.attempt_timeout + ATTEMPT_PER_ADD * adds.len() as u32;
         let req = RawAddsRequest {
@@ -149,11 +159,56 @@ impl CoordClient {
             adds,
         };
         let resp = self
-            .call_with(req, Some(&call), Some(limit), |ch, r| async move {
+            .call_with(req.clone(), Some(&call), Some(limit), |ch, r| async move {
                 RawKeysClient::new(ch).adds(r).await
             })
             .await;
-        drop((tickets, call));
-        Ok(resp?.answers)
+        match resp {
+            Ok(r) => Ok(r.answers),
+            Err(status) => Err(AddsFailed {
+                status,
+                numbered: req.adds.into_iter().zip(tickets).collect(),
+            }),
+        }
+    }
+
+    /// One raw-key add on a call of its own, under `ticket`'s number.
+    async fn raw_add_numbered(&self, req: RawAddRequest, ticket: &Ticket) -> Result<i64, Status> {
+        let resp = self
+            .call(req, Some(ticket), |ch, r| async move {
+                RawKeysClient::new(ch).add(r).await
+            })
+            .await?;
+        Ok(resp.value)
+    }
+}
+
+/// The adds of a [`CoordClient::raw_adds`] call that failed as a whole, each with the request
+/// number it was sent under (held until they are sent again or given up).
+pub struct AddsFailed {
+    /// Why the call failed.
+    pub status: Status,
+    numbered: Vec<(RawAddRequest, Ticket)>,
+}
+
+impl AddsFailed {
+    /// How many adds the call carried.
+    pub fn len(&self) -> usize {
+        self.numbered.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.numbered.is_empty()
+    }
+
+    /// Every add on a call of its own, all at once, each under the number it had in the failed
+    /// call: one the ensemble applied then is answered with the value it had, not applied again.
+    /// The answers in the order of the adds.
+    pub async fn each_alone(self, client: &CoordClient) -> Vec<Result<i64, Status>> {
+        let calls = self
+            .numbered
+            .into_iter()
+            .map(|(req, ticket)| async move { client.raw_add_numbered(req, &ticket).await });
+        futures::future::join_all(calls).await
     }
 }

@@ -10,8 +10,9 @@
 //! answered as its own call would be: its value, or its own error.
 //!
 //! An ensemble without `Adds` (an older release) answers UNIMPLEMENTED: from then on every ADD
-//! goes on its own. A flight the ensemble refuses as a whole is sent again one ADD per call, so
-//! that one connection's bad request does not fail its neighbours'.
+//! goes on its own. A flight that fails as a whole is sent again one ADD per call, each under the
+//! request number it had in the flight: one connection's bad request does not fail its
+//! neighbours', and a flight applied before its call broke is not applied again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -90,11 +91,12 @@ async fn flights(
             }
         }
         let n = flight.len();
-        let reqs = flight.iter().map(|a| a.req.clone()).collect();
+        let (reqs, replies): (Vec<_>, Vec<_>) =
+            flight.into_iter().map(|a| (a.req, a.reply)).unzip();
         match client.raw_adds(reqs).await {
             Ok(answers) if answers.len() == n => {
-                for (a, answer) in flight.into_iter().zip(answers) {
-                    let _ = a.reply.send(answered(answer));
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(answered(answer));
                 }
             }
             Ok(answers) => {
@@ -102,21 +104,29 @@ async fn flights(
                     "the ensemble answered {} adds of {n}",
                     answers.len()
                 ));
-                for a in flight {
-                    let _ = a.reply.send(Err(s.clone()));
+                for reply in replies {
+                    let _ = reply.send(Err(s.clone()));
                 }
             }
-            Err(s) if s.code() == Code::Unimplemented => {
-                batched.store(false, Ordering::Relaxed);
-                each_alone(&client, flight).await;
-            }
-            // No replica could serve it: the same for every ADD of the flight.
-            Err(s) if n == 1 || s.code() == Code::Unavailable => {
-                for a in flight {
-                    let _ = a.reply.send(Err(s.clone()));
+            Err(failed) => {
+                let code = failed.status.code();
+                if code == Code::Unimplemented {
+                    batched.store(false, Ordering::Relaxed);
+                }
+                // No replica could serve it: the same for every ADD of the flight. Otherwise each
+                // is sent alone under the number it had in the flight, so that one connection's
+                // bad request does not fail its neighbours' and an ADD the ensemble applied
+                // before the call broke is answered with its value, not applied again.
+                let answers =
+                    if (n == 1 && code != Code::Unimplemented) || code == Code::Unavailable {
+                        vec![Err(failed.status); n]
+                    } else {
+                        failed.each_alone(&client).await
+                    };
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(answer);
                 }
             }
-            Err(_) => each_alone(&client, flight).await,
         }
     }
 }
@@ -127,14 +137,6 @@ fn answered(a: pb::RawAddAnswer) -> Added {
         0 => Ok(a.value),
         code => Err(Status::new(Code::from(code), a.error_message)),
     }
-}
-
-/// Sends every ADD of `flight` on its own, at once, each answered with its own call's outcome.
-async fn each_alone(client: &CoordClient, flight: Vec<Add>) {
-    let calls = flight.into_iter().map(|a| async move {
-        let _ = a.reply.send(alone(client, a.req).await);
-    });
-    futures::future::join_all(calls).await;
 }
 
 /// One `RawKeys.Add`, under a request id of the proxy's own.
