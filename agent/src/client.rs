@@ -35,12 +35,10 @@ use tonic::{Request, Response, Status};
 pub(crate) type Channel = coord_proto::conn::EagerEnd<tonic::transport::Channel>;
 
 mod admin;
-mod kv;
+pub mod kv;
 mod namespaces;
 mod progress;
 mod tasks;
-
-pub use kv::AddsFailed;
 
 /// Largest message the client sends or accepts (a value near the server's 4 MiB default limit
 /// plus its key).
