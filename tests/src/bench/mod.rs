@@ -14,6 +14,7 @@
 pub mod agent_failover;
 pub mod agent_target;
 pub mod chaos;
+pub mod conntrack;
 pub mod coord_target;
 pub mod crash;
 pub mod dispatcher;

@@ -76,10 +76,12 @@ async fn flights(client: CoordClient, mut rx: mpsc::UnboundedReceiver<Get>) {
         }
         let all: Vec<Bytes> = flight.iter().flat_map(|g| g.keys.iter().cloned()).collect();
         match call(&client, all).await {
-            Ok(mut values) => {
+            Ok(values) => {
+                // Each GET's values in turn (the call answered one per key, in order).
+                let mut values = values.into_iter();
                 for g in flight {
-                    let rest = values.split_off(g.keys.len().min(values.len()));
-                    let _ = g.reply.send(Ok(std::mem::replace(&mut values, rest)));
+                    let own = values.by_ref().take(g.keys.len()).collect();
+                    let _ = g.reply.send(Ok(own));
                 }
             }
             // No replica could serve it: the same for every GET of the flight.

@@ -17,9 +17,13 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 use super::init::{ranks_per_process, run_ranks, Round, Steps};
+use crate::bench::conntrack;
 
 /// How long a child may take to start its runtime.
 const READY_WITHIN: Duration = Duration::from_secs(60);
+/// How long a round waits for the connection tracker's room: its closed connections' entries
+/// last 120 s.
+const TRACKER_ROOM_WITHIN: Duration = Duration::from_secs(180);
 
 /// `coord-bench torch-ranks`: a child's share of a round.
 #[derive(clap::Args, Clone)]
@@ -233,8 +237,16 @@ async fn in_children(
 /// Runs `round`'s ranks; the time until every one of them is done, or why not (a deadline of
 /// `timeout` in all). Past [`ranks_per_process`] ranks, they run in child processes. Prints when
 /// the last rank had connected (VALIDATE and PING answered), ADDed, been released from its WAIT
-/// and read the master address: where the time goes.
+/// and read the master address: where the time goes. Waits first, untimed, for the kernel's
+/// connection tracker to have room for the round (see [`conntrack`]), and says what it dropped.
 pub async fn init_ranks(round: &Round, timeout: Duration) -> Result<Duration, String> {
+    if let Some(waited) = conntrack::wait_for_room(round.world, TRACKER_ROOM_WITHIN).await {
+        eprintln!(
+            "    the connection tracker had room after {:.1} s",
+            waited.as_secs_f64()
+        );
+    }
+    let dropped_before = conntrack::dropped();
     let per_process = ranks_per_process();
     let what = format!("{} ranks on {}", round.world, round.stores.join(","));
     let (took, last) = if round.world <= per_process {
@@ -251,8 +263,17 @@ pub async fn init_ranks(round: &Round, timeout: Duration) -> Result<Duration, St
             .map_err(|e| format!("{what}: {e}"))?
     };
     let s = |d: Duration| format!("{:.3}", d.as_secs_f64());
+    let dropped = match (dropped_before, conntrack::dropped()) {
+        (Some(before), Some(after)) if after > before => {
+            format!(
+                " (the connection tracker dropped {} packets)",
+                after - before
+            )
+        }
+        _ => String::new(),
+    };
     eprintln!(
-        "    the last rank connected at {} s, had ADDed at {}, was released at {}, done at {}",
+        "    the last rank connected at {} s, had ADDed at {}, was released at {}, done at {}{dropped}",
         s(last.connected),
         s(last.added),
         s(last.released),
