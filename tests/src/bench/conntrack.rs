@@ -46,21 +46,23 @@ pub fn dropped() -> Option<u64> {
     dropped_in(&std::fs::read_to_string(STATS).ok()?)
 }
 
-/// Waits, up to `within`, until the table has room for `connections` more: how long it waited,
-/// or `None` if it need not. A table too small for them, or still full at the deadline, is said
-/// on stderr and the round runs anyway (its SYNs may then be dropped).
-pub async fn wait_for_room(connections: usize, within: Duration) -> Option<Duration> {
+/// Waits, up to `within`, until the table has room for `connections` more, and says on stderr
+/// how that went. A table too small for them, or still full at the deadline, is said too and the
+/// round runs anyway (its SYNs may then be dropped).
+pub async fn wait_for_room(connections: usize, within: Duration) {
     let need = connections as u64 + SPARE;
-    let (count, max) = usage()?;
+    let Some((count, max)) = usage() else {
+        return;
+    };
     if count + need <= max {
-        return None;
+        return;
     }
     if need > max {
         eprintln!(
             "    the connection tracker holds {max} connections, fewer than this round's {connections}: \
              its SYNs past that are dropped"
         );
-        return None;
+        return;
     }
     eprintln!(
         "    waiting for the connection tracker to have room for {connections} connections \
@@ -69,17 +71,23 @@ pub async fn wait_for_room(connections: usize, within: Duration) -> Option<Durat
     let start = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let waited = start.elapsed();
         match usage() {
-            Some((count, max)) if count + need <= max => return Some(start.elapsed()),
-            Some((count, max)) if start.elapsed() >= within => {
+            Some((count, max)) if count + need > max && waited < within => {}
+            Some((count, max)) if count + need > max => {
                 eprintln!(
                     "    the connection tracker still has {count} of {max} in use after {within:?}: \
                      running the round anyway"
                 );
-                return Some(start.elapsed());
+                return;
             }
-            Some(_) => {}
-            None => return Some(start.elapsed()),
+            _ => {
+                eprintln!(
+                    "    the connection tracker had room after {:.1} s",
+                    waited.as_secs_f64()
+                );
+                return;
+            }
         }
     }
 }

@@ -240,12 +240,7 @@ async fn in_children(
 /// and read the master address: where the time goes. Waits first, untimed, for the kernel's
 /// connection tracker to have room for the round (see [`conntrack`]), and says what it dropped.
 pub async fn init_ranks(round: &Round, timeout: Duration) -> Result<Duration, String> {
-    if let Some(waited) = conntrack::wait_for_room(round.world, TRACKER_ROOM_WITHIN).await {
-        eprintln!(
-            "    the connection tracker had room after {:.1} s",
-            waited.as_secs_f64()
-        );
-    }
+    conntrack::wait_for_room(round.world, TRACKER_ROOM_WITHIN).await;
     let dropped_before = conntrack::dropped();
     let per_process = ranks_per_process();
     let what = format!("{} ranks on {}", round.world, round.stores.join(","));
