@@ -241,6 +241,56 @@ async fn bad_input_closes_only_its_connection() {
     assert!(status.is_some(), "the ensemble still answers");
 }
 
+/// Requests that do not fit coord-proxy's read buffer (1 KiB a connection): 40 SETs sent in one
+/// write, frames straddling the buffer's refills, then a 64 KiB value read past the buffer, a
+/// PING (answered once every SET before it is committed) and GETs on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_larger_than_the_read_buffer_are_read_whole() {
+    use coord_agent::proxy::tcpstore::codec::{query, MAGIC};
+    let mut cluster = Cluster::start(ClusterOptions::default());
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let sidecar = StoreSidecar::start(&cluster.endpoints());
+    let field = |b: &[u8]| [&(b.len() as u64).to_le_bytes()[..], b].concat();
+    let value = |i: usize| vec![b'a' + (i % 26) as u8; 100 + i];
+    let big: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    let mut burst = [&[query::VALIDATE][..], &MAGIC.to_le_bytes()].concat();
+    for i in 0..40 {
+        burst.push(query::SET);
+        burst.extend(field(format!("/k{i}").as_bytes()));
+        burst.extend(field(&value(i)));
+    }
+    burst.push(query::SET);
+    burst.extend(field(b"/big"));
+    burst.extend(field(&big));
+    burst.push(query::PING);
+    burst.extend(77u32.to_le_bytes());
+    assert!(
+        burst.len() > 64 << 10,
+        "the burst is larger than the buffer"
+    );
+
+    let mut s = std::net::TcpStream::connect(&sidecar.store).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    s.write_all(&burst).expect("write");
+    let mut echo = [0u8; 4];
+    s.read_exact(&mut echo).expect("the PING's echo");
+    assert_eq!(u32::from_le_bytes(echo), 77);
+    let mut get = |key: &[u8]| {
+        s.write_all(&[&[query::GET][..], &field(key)].concat())
+            .expect("GET");
+        let mut len = [0u8; 8];
+        s.read_exact(&mut len).expect("a GET's length");
+        let mut v = vec![0u8; u64::from_le_bytes(len) as usize];
+        s.read_exact(&mut v).expect("a GET's value");
+        v
+    };
+    assert!(get(b"/big") == big, "the 64 KiB value came back changed");
+    for i in [0, 9, 39] {
+        assert_eq!(get(format!("/k{i}").as_bytes()), value(i), "key /k{i}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torchrun_trains_through_two_leader_kills() {
     let Some(torch) = Torch::or_skip("torchrun_trains_through_two_leader_kills") else {

@@ -38,17 +38,19 @@ pub struct Store {
 
 /// Calls one `RawKeys` method: `$m` the method, `$req` the request, `$write` whether it takes a
 /// request id, `$waits` whether it may park on the leader.
+///
+/// The call's future (a tonic call and the client's failover, 4-5 KB) is boxed: a connection's
+/// task keeps room for the largest request it may make for as long as it lives, and a torch
+/// connection lives as long as its job, mostly idle or parked in a WAIT, which needs none of it.
 macro_rules! call {
     ($self:ident, $m:ident, $req:expr, $write:expr, $waits:expr) => {
-        $self
-            .client
-            .forward_in(
-                $write.then_some(&$self.session),
-                $req,
-                $waits,
-                |ch, r| async move { raw(ch).$m(r).await },
-            )
-            .await
+        Box::pin($self.client.forward_in(
+            $write.then_some(&$self.session),
+            $req,
+            $waits,
+            |ch, r| async move { raw(ch).$m(r).await },
+        ))
+        .await
     };
 }
 
