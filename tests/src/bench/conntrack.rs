@@ -23,7 +23,7 @@ fn read_number(path: &str) -> Option<u64> {
 }
 
 /// Entries in use and the table's size; `None` where connections are not tracked.
-pub fn usage() -> Option<(u64, u64)> {
+fn usage() -> Option<(u64, u64)> {
     Some((read_number(COUNT)?, read_number(MAX)?))
 }
 
