@@ -1,5 +1,6 @@
 //! A JAX job of 2,000 tasks on jaxlib's wire registers and asks GetAliveTasks in a log of a few
-//! bytes a call, through a follower that relays the round's one answer. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
+//! bytes a call, through a follower that relays the round's one answer; then most of its tasks
+//! leave while the rest wait to learn who is alive. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
 //! jobs starved each other's Raft heartbeats.
 
 use coord_tests::bench::xla_scale;
@@ -8,8 +9,10 @@ use coord_tests::bench::xla_scale;
 /// the register barrier of the whole job) and a GetAliveTasks round of every task about every
 /// task commit a few bytes a call, and the follower relays the round's one answer to every task,
 /// compressed once. Each call used to commit the job's task list, N² bytes of log in all: about 26 KB a
-/// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Here only
-/// log bytes are asserted, never time (the times are `coord-bench xla-scale`).
+/// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Then all
+/// but 100 tasks leave while those 100 wait in a GetAliveTasks round, which answers them with
+/// themselves alone (a walk of the job per leaver once cost the leader its term here). Only
+/// log bytes and answers are asserted, never time (the times are `coord-bench xla-scale`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
     const TASKS: usize = 2_000;
@@ -22,6 +25,9 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         cpu_window_ms: 1_000,
         // Through a follower, which relays every call to the leader.
         via_follower: true,
+        // Last, all but 100 tasks leave while those 100 wait in a GetAliveTasks round, which
+        // must answer them with themselves alone once the last has left (the phase checks it).
+        stayers: 100,
         // A leader change fails the run, and a debug build under the storm on a loaded CI
         // machine can miss the 300 ms lease: timeouts as an operator of a loaded machine sets
         // them (what is asserted is the log, not failover).
@@ -37,6 +43,8 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         .await
         .expect("the job registered and asked who is alive");
     let own = m.own_alive.as_ref().expect("the round of own calls");
+    let leaving = m.leaving.as_ref().expect("the phase of tasks leaving");
+    assert_eq!((leaving.leavers, leaving.stayers), (TASKS - 100, 100));
     assert_eq!(own.alive_listed, TASKS, "every task alive");
     // The follower got the leader's one answer for each of its callers, and compressed it once
     // for all of them (each caller accepts gzip, as jaxlib does).

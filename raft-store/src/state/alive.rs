@@ -7,8 +7,9 @@
 //! kept, so a call re-driven on a new leader finds the answer of the round it joined.
 //!
 //! jaxlib asks about every task of the job, so a round's set is N tasks and N tasks ask: each ask
-//! costs the time of the set's runs (a [`TaskSet`]) and a count, not a walk of the set; the set is
-//! walked when the round opens, when it completes and when a task's state changes. The answer is
+//! costs the time of the set's runs (a [`TaskSet`]) and a count, not a walk of the set; so does a
+//! task's change of state (the count moves by it). The set is walked when the round opens and
+//! when it completes. The answer is
 //! shared by every asker (one `Arc`), not copied for each.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -18,7 +19,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::cluster::TaskName;
 use super::task_set::TaskSet;
-use super::tasks::{TaskRegistry, TaskState};
+use super::tasks::{Moved, TaskRegistry, TaskState};
 
 /// Answers kept per set, for callers re-driven after a leader change.
 const KEPT_ANSWERS: usize = 4;
@@ -106,16 +107,28 @@ impl AliveQueries {
         (generation, answer)
     }
 
-    /// Re-checks every open round after a task changed state; returns the (set, generation) of
-    /// each round that completed.
-    pub(crate) fn recheck(&mut self, tasks: &TaskRegistry) -> Vec<(TaskSet, u64)> {
+    /// Re-checks every open round after the tasks `moved` changed state; returns the (set,
+    /// generation) of each round that completed. Each move costs a look at each open round, not
+    /// a walk of its set: a job whose tasks leave one by one while the others wait must not
+    /// cost a walk of the job per leaver.
+    pub(crate) fn recheck(&mut self, tasks: &TaskRegistry, moved: &[Moved]) -> Vec<(TaskSet, u64)> {
         let mut done = Vec::new();
         for (set, round) in self.by_set.iter_mut() {
             if round.asked.is_empty() {
                 continue;
             }
             let generation = round.generation;
-            round.waiting_for.0 = Some(Self::count_waiting(set, round, tasks));
+            round.waiting_for.0 = Some(match round.waiting_for.0 {
+                Some(n) => moved
+                    .iter()
+                    .filter(|m| set.contains(&m.task) && !round.asked.contains(&m.task))
+                    .fold(n, |n, m| {
+                        let (was, is) =
+                            (m.from == TaskState::Connected, m.to == TaskState::Connected);
+                        (n + usize::from(is)).saturating_sub(usize::from(was))
+                    }),
+                None => Self::count_waiting(set, round, tasks),
+            });
             if Self::complete(set, round, tasks).is_some() {
                 done.push((set.clone(), generation));
             }
@@ -147,8 +160,21 @@ impl AliveQueries {
             .map(|(s, r)| (s, &r.asked))
     }
 
+    /// Whether every open round's kept count is what a walk of its set gives.
+    #[cfg(test)]
+    pub(crate) fn kept_counts_agree(&self, tasks: &TaskRegistry) -> bool {
+        self.by_set.iter().all(|(set, round)| {
+            round
+                .waiting_for
+                .0
+                .is_none_or(|n| n == Self::count_waiting(set, round, tasks))
+        })
+    }
+
     /// Connected tasks of `set` that have not asked in `round`: a walk of the set.
     fn count_waiting(set: &TaskSet, round: &Round, tasks: &TaskRegistry) -> usize {
+        #[cfg(test)]
+        WALKS.with(|w| w.set(w.get() + 1));
         set.iter()
             .filter(|t| is_connected(tasks, t) && !round.asked.contains(t))
             .count()
@@ -157,6 +183,14 @@ impl AliveQueries {
     /// Finishes the round if every connected task of the set has asked.
     fn complete(set: &TaskSet, round: &mut Round, tasks: &TaskRegistry) -> Option<AliveAnswer> {
         if round.waiting_for.0 != Some(0) {
+            return None;
+        }
+        // The count was kept by moves; the set is walked to build the answer anyway, and a
+        // round must never finish while a connected task of it has not asked.
+        let waiting = Self::count_waiting(set, round, tasks);
+        debug_assert_eq!(waiting, 0, "a round's kept count went wrong");
+        if waiting != 0 {
+            round.waiting_for.0 = Some(waiting);
             return None;
         }
         let alive: AliveAnswer = Arc::new(
@@ -176,6 +210,13 @@ impl AliveQueries {
         round.waiting_for.0 = None;
         Some(alive)
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Walks of a set this thread made ([`AliveQueries::count_waiting`]), for tests of what a
+    /// change costs.
+    pub(crate) static WALKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 fn is_connected(tasks: &TaskRegistry, t: &TaskName) -> bool {

@@ -1,8 +1,10 @@
 //! Random commands over small id spaces (so they hit existing and missing tasks, keys and barriers
-//! alike), through the whole coordination state machine: apply never panics, and a refused command
-//! leaves the state exactly as it was. One refusal is an outcome of its own, as in TensorFlow's
-//! service: a task of a job that is not recoverable registering again with a new incarnation is
-//! refused ABORTED *and* put in ERROR (it restarted; its job must learn of it).
+//! alike), through the whole coordination state machine: apply never panics, a refused command
+//! leaves the state exactly as it was, and what the state keeps counted (tasks per state, the
+//! tasks an open GetAliveTasks round waits for) agrees with its records. One refusal is an
+//! outcome of its own, as in TensorFlow's service: a task of a job that is not recoverable
+//! registering again with a new incarnation is refused ABORTED *and* put in ERROR (it restarted;
+//! its job must learn of it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -155,6 +157,22 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
                 );
             }
             other => panic!("step {step}: {} results for one command", other.len()),
+        }
+        // What the registry and the rounds keep counted, the commands moving it, is what a walk
+        // of the records gives.
+        if let Some(c) = &s.cluster {
+            for state in [
+                TaskState::Disconnected,
+                TaskState::Connected,
+                TaskState::Error,
+            ] {
+                let walked = c.tasks.iter().filter(|(_, r)| r.state == state).count();
+                assert_eq!(c.tasks.count_in(state), walked, "step {step}: {state:?}");
+            }
+            assert!(
+                c.alive.kept_counts_agree(&c.tasks),
+                "step {step}: a GetAliveTasks round's count"
+            );
         }
     }
     assert!(

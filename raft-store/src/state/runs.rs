@@ -82,7 +82,7 @@ impl JobRuns {
     /// After the records of `changed` tasks changed: a run with no connected task is over (and
     /// one that has one again, for example a recoverable task coming back, is not).
     ///
-    /// O(changed) while a task is connected: a registration storm of N tasks must not cost N²
+    /// O(changed): a registration storm of N tasks, or N tasks leaving, must not cost N²
     /// (a task becomes connected only through a change of its own record, so the changed ones are
     /// the only ones to add to `registered`).
     pub(crate) fn after_task_changes<'a>(
@@ -111,9 +111,9 @@ impl JobRuns {
             }
             return;
         }
-        // Stops at the first connected task: at once while the job runs.
-        let any_connected =
-            !connected.is_empty() || c.tasks.iter().any(|(_, r)| r.state == TaskState::Connected);
+        // Counted, not looked for: tasks that leave in task order would make each look walk
+        // the ones that left before.
+        let any_connected = !connected.is_empty() || c.tasks.count_in(TaskState::Connected) > 0;
         self.registered.extend(connected);
         if any_connected {
             self.over_at = None;

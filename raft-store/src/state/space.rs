@@ -327,6 +327,7 @@ impl Space {
             Some(c) => {
                 let before = changes.len();
                 let result = apply_coordination(c, op, now_ms, changes);
+                let moved = c.tasks.settle();
                 let changed: Vec<TaskName> = changes[before..]
                     .iter()
                     .filter_map(|ch| match ch {
@@ -335,7 +336,7 @@ impl Space {
                     })
                     .collect();
                 if !changed.is_empty() {
-                    c.tasks_changed(changes);
+                    c.tasks_changed(changes, &moved);
                     self.runs
                         .after_task_changes(Some(c), &self.kv, changed.iter());
                 }

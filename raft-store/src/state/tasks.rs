@@ -7,6 +7,7 @@
 //! neither misses nor repeats an error.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -78,9 +79,53 @@ impl Default for TaskRecord {
     }
 }
 
+/// Every task's record, with how many are in each state kept beside them.
+///
+/// A 100,000-task job changes one task at a time (a registration, a shutdown, a missed
+/// heartbeat), and what follows a change must not walk the job: whether any task is still
+/// connected (runs), how many are (metrics, a namespace's TTL), and which open GetAliveTasks
+/// rounds a change moves (alive). So the registry remembers the state of each record it hands out
+/// for change ([`TaskRegistry::get_mut`]), and [`TaskRegistry::settle`], called once the command
+/// is applied, turns those into the moves the command made and brings the counts up to date.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TaskRegistry {
     tasks: BTreeMap<TaskName, TaskRecord>,
+    /// Tasks per state, counted at first use (a decoded registry counts once).
+    #[serde(skip)]
+    counts: Derived<OnceLock<[usize; 3]>>,
+    /// The records handed out for change since the last [`TaskRegistry::settle`], with the state
+    /// each was in; empty between commands.
+    #[serde(skip)]
+    touched: Derived<Vec<(TaskName, TaskState)>>,
+}
+
+/// A task whose state a command changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Moved {
+    pub task: TaskName,
+    pub from: TaskState,
+    pub to: TaskState,
+}
+
+/// What the registry derives from its records: never encoded and equal to any other, so it is
+/// not part of the state.
+#[derive(Clone, Debug, Default)]
+struct Derived<T>(T);
+
+impl<T> PartialEq for Derived<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> Eq for Derived<T> {}
+
+fn slot(state: TaskState) -> usize {
+    match state {
+        TaskState::Disconnected => 0,
+        TaskState::Connected => 1,
+        TaskState::Error => 2,
+    }
 }
 
 impl TaskRegistry {
@@ -90,6 +135,7 @@ impl TaskRegistry {
                 .all_tasks()
                 .map(|t| (t, TaskRecord::default()))
                 .collect(),
+            ..Self::default()
         }
     }
 
@@ -97,17 +143,84 @@ impl TaskRegistry {
         self.tasks.get(t)
     }
 
+    /// `t`'s record, to change; the command that changes it calls [`Self::settle`] after.
     pub(crate) fn get_mut(&mut self, t: &TaskName) -> Option<&mut TaskRecord> {
-        self.tasks.get_mut(t)
+        let rec = self.tasks.get_mut(t)?;
+        self.touched.0.push((t.clone(), rec.state));
+        Some(rec)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&TaskName, &TaskRecord)> {
         self.tasks.iter()
     }
 
+    /// How many tasks are in `state`: O(1) once counted.
     pub fn count_in(&self, state: TaskState) -> usize {
-        self.tasks.values().filter(|r| r.state == state).count()
+        let full = || self.tasks.values().filter(|r| r.state == state).count();
+        if !self.touched.0.is_empty() {
+            // Within a command, with records handed out and not yet settled: the counts are as
+            // of the last settle, so they are not taken from these records.
+            return match self.counts.0.get() {
+                None => full(),
+                Some(n) => {
+                    let mut n = n[slot(state)];
+                    for (from, to) in self.unsettled() {
+                        n = (n + usize::from(to == state))
+                            .saturating_sub(usize::from(from == state));
+                    }
+                    n
+                }
+            };
+        }
+        self.counts.0.get_or_init(|| {
+            let mut n = [0; 3];
+            for r in self.tasks.values() {
+                n[slot(r.state)] += 1;
+            }
+            n
+        })[slot(state)]
     }
+
+    /// The records handed out and not yet settled, each task once: (its state before the
+    /// first hand-out, its state now).
+    fn unsettled(&self) -> impl Iterator<Item = (TaskState, TaskState)> + '_ {
+        first_touches(&self.touched.0)
+            .filter_map(|(t, from)| Some((from, self.tasks.get(t)?.state)))
+    }
+
+    /// The moves of the records handed out since the last call, each task once (from its state
+    /// before the first hand-out to its state now), and the counts brought up to date.
+    pub(crate) fn settle(&mut self) -> Vec<Moved> {
+        let touched = std::mem::take(&mut self.touched.0);
+        let moved: Vec<Moved> = first_touches(&touched)
+            .filter_map(|(task, from)| {
+                let to = self.tasks.get(task)?.state;
+                (to != from).then(|| Moved {
+                    task: task.clone(),
+                    from,
+                    to,
+                })
+            })
+            .collect();
+        if let Some(n) = self.counts.0.get_mut() {
+            for m in &moved {
+                n[slot(m.from)] = n[slot(m.from)].saturating_sub(1);
+                n[slot(m.to)] += 1;
+            }
+        }
+        moved
+    }
+}
+
+/// Each task of `touched` once, with the state of its first hand-out.
+fn first_touches(
+    touched: &[(TaskName, TaskState)],
+) -> impl Iterator<Item = (&TaskName, TaskState)> {
+    let mut seen = BTreeSet::new();
+    touched
+        .iter()
+        .filter(move |(t, _)| seen.insert(t))
+        .map(|(t, from)| (t, *from))
 }
 
 /// One error other tasks must learn of.

@@ -31,10 +31,12 @@ use super::tasks::{
 use super::{disk_usage, mb};
 
 mod calls;
+mod leavers;
 mod report;
 mod wire;
 
 use calls::{heartbeat, register};
+pub use leavers::Leaving;
 use report::print;
 pub use report::{Measured, OwnAlive};
 use wire::{client, id, incarnations};
@@ -70,6 +72,11 @@ pub struct Args {
     /// a failover). The sidecars' rounds still go to the leader, as coord-proxy finds it.
     #[arg(long)]
     pub via_follower: bool,
+    /// Last, the other tasks leave (ShutdownTask, all at once) while these many wait in a
+    /// GetAliveTasks round of the whole job, which they are answered once the last has left
+    /// (0: no such phase; it ends the job).
+    #[arg(long, default_value_t = 0)]
+    pub stayers: usize,
     /// Extra flags for every coord replica (e.g. --coord-arg=--election-timeout-max-ms=3000).
     #[arg(long = "coord-arg")]
     pub coord_args: Vec<String>,
@@ -487,6 +494,17 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     );
     drop(beats);
     still_leading()?;
+    let leaving = match args.stayers {
+        0 => None,
+        stayers => Some(
+            within(
+                "tasks leaving while others ask who is alive",
+                &still_leading,
+                leavers::leave_while_others_ask(channel, tasks, stayers, service, pid, &parked),
+            )
+            .await?,
+        ),
+    };
     let after = cluster.status(leader).ok_or("leader has no /status")?;
     Ok(Measured {
         tasks,
@@ -507,6 +525,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         through_sidecars: through,
         barrier,
         barrier_through_sidecars,
+        leaving,
         leader_rss_before,
         leader_rss_registered,
         leader_rss_parked,

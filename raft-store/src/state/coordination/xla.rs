@@ -12,13 +12,14 @@ use crate::state::barriers::Participants;
 use crate::state::change::Change;
 use crate::state::cluster::TaskName;
 use crate::state::task_set::{Participating, TaskSet};
+use crate::state::tasks::Moved;
 
 impl Cluster {
-    /// After a command changed some task: a new WatchTasks version, and GetAliveTasks rounds
-    /// that no longer wait for a task that died may finish.
-    pub(crate) fn tasks_changed(&mut self, changes: &mut Vec<Change>) {
+    /// After a command changed some task (the states of `moved`): a new WatchTasks version, and
+    /// GetAliveTasks rounds that no longer wait for a task that died may finish.
+    pub(crate) fn tasks_changed(&mut self, changes: &mut Vec<Change>, moved: &[Moved]) {
         self.task_version += 1;
-        for (set, generation) in self.alive.recheck(&self.tasks) {
+        for (set, generation) in self.alive.recheck(&self.tasks, moved) {
             changes.push(Change::BarrierDone {
                 id: alive::wait_key(&set),
                 counter: generation as i64,

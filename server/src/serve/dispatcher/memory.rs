@@ -70,10 +70,17 @@ impl Memories {
         *self.lock() = Leading::default();
     }
 
-    /// Forgets the namespaces `exists` denies (deleted ones: a name declared again starts
-    /// afresh).
-    pub fn retain(&self, exists: impl Fn(&Ns) -> bool) {
-        self.lock().spaces.retain(|ns, _| exists(ns));
+    /// The namespaces remembered (those whose dispatchers were judged under this leadership).
+    pub fn namespaces(&self) -> Vec<Ns> {
+        self.lock().spaces.keys().cloned().collect()
+    }
+
+    /// Forgets namespaces `gone` (deleted ones: a name declared again starts afresh).
+    pub fn forget(&self, gone: &[Ns]) {
+        let mut g = self.lock();
+        for ns in gone {
+            g.spaces.remove(ns);
+        }
     }
 }
 
@@ -319,7 +326,11 @@ mod tests {
         assert_eq!(all.of(&a).client_heard(1, None), 0, "rounds are apart");
         assert_eq!(all.of(&None).client_heard(1, None), 7);
         all.of(&a).client_heard(1, Some(2));
-        all.retain(|ns| ns.is_none());
+        let mut remembered = all.namespaces();
+        remembered.sort();
+        assert_eq!(remembered, vec![None, a.clone()]);
+        all.forget(std::slice::from_ref(&a));
+        assert_eq!(all.namespaces(), vec![None]);
         assert_eq!(all.of(&a).client_heard(1, None), 0, "a deleted name forgot");
         all.stop_leading();
         assert!(all.of(&a).overdue_clients(&[1], Duration::ZERO).is_empty());

@@ -124,19 +124,28 @@ fn candidates(s: &DispatcherState, cfg: &super::DispatcherConfig, now: i64) -> C
     }
 }
 
-/// Judges every namespace's dispatcher (one with nothing to judge costs one look at its state).
+/// Judges every namespace's dispatcher (one with nothing to judge costs one look at its state,
+/// and nothing is built for it: a tick's allocations follow the namespaces with work, not all).
 fn judge(core: &DispatcherCore) {
     let now = now_micros();
-    let (existing, judged): (HashSet<Ns>, Vec<(Ns, Candidates)>) = core.reader.all().read(|a| {
-        let existing = namespace::spaces(a).map(|(ns, _)| ns).collect();
-        let judged = namespace::spaces(a)
-            .map(|(ns, space)| (ns, candidates(&space.dispatcher, &core.config, now)))
-            .filter(|(_, c)| !c.is_empty())
+    let remembered = core.memories.namespaces();
+    let (gone, judged): (Vec<Ns>, Vec<(Ns, Candidates)>) = core.reader.all().read(|a| {
+        let gone = remembered
+            .into_iter()
+            .filter(|ns| !namespace::exists(a, ns))
             .collect();
-        (existing, judged)
+        let judged = a
+            .state
+            .spaces()
+            .filter_map(|(name, space)| {
+                let c = candidates(&space.dispatcher, &core.config, now);
+                (!c.is_empty()).then(|| (name.map(Arc::from), c))
+            })
+            .collect();
+        (gone, judged)
     });
     // A deleted namespace's memory goes; a name declared again starts afresh.
-    core.memories.retain(|ns| existing.contains(ns));
+    core.memories.forget(&gone);
     for (ns, c) in judged {
         judge_one(core, &ns, &core.memories.of(&ns), c, now);
     }

@@ -31,6 +31,8 @@ pub struct Measured {
     pub barrier: Duration,
     /// The same barrier again through the sidecars.
     pub barrier_through_sidecars: SidecarRound,
+    /// Tasks leaving while the others ask who is alive (`--stayers`).
+    pub leaving: Option<super::Leaving>,
     pub leader_rss_before: u64,
     pub leader_rss_registered: u64,
     /// With every GetAliveTasks call but the last parked (0 without the round of own calls).
@@ -189,6 +191,22 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
         "Barrier of all through a sidecar per connection: every task passed after the last arrival",
         &|m| through(&m.barrier_through_sidecars),
     );
+    if runs.iter().any(|m| m.leaving.is_some()) {
+        row(
+            "tasks leaving (ShutdownTask, all at once) while the rest wait in GetAliveTasks: the \
+             rest answered after the first left; leader CPU",
+            &|m| match &m.leaving {
+                Some(l) => format!(
+                    "{} left, {} stayed: {:.3} s; {:.2} s",
+                    l.leavers,
+                    l.stayers,
+                    l.answered.as_secs_f64(),
+                    l.leader_cpu_seconds
+                ),
+                None => "not run".to_string(),
+            },
+        );
+    }
     row(
         "leader RSS: before, heartbeating, N-1 GetAliveTasks parked, N-1 Barrier parked, after",
         &|m| {
