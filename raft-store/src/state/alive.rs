@@ -19,7 +19,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::cluster::TaskName;
 use super::task_set::TaskSet;
-use super::tasks::{Moved, TaskRegistry, TaskState};
+use super::tasks::{Derived, Moved, TaskRegistry, TaskState};
 
 /// Answers kept per set, for callers re-driven after a leader change.
 const KEPT_ANSWERS: usize = 4;
@@ -37,21 +37,8 @@ struct Round {
     answers: VecDeque<(u64, AliveAnswer)>,
     /// Connected tasks of the set that have not asked (known once counted).
     #[serde(skip)]
-    waiting_for: Uncounted,
+    waiting_for: Derived<Option<usize>>,
 }
-
-/// A count kept beside the records, never encoded (a decoded round counts again) and equal to
-/// any other: it is not part of the state.
-#[derive(Clone, Copy, Debug, Default)]
-struct Uncounted(Option<usize>);
-
-impl PartialEq for Uncounted {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for Uncounted {}
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct AliveQueries {

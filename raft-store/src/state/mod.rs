@@ -66,7 +66,7 @@ pub use sessions::{SessionTable, SESSION_IDLE_TTL_MS};
 pub use space::Space;
 pub use task_set::TaskSet;
 pub use tasks::{
-    DeviceInfo, ErrorEvent, ErrorFeed, Moved, TaskError, TaskRecord, TaskRegistry, TaskState,
+    DeviceInfo, ErrorEvent, ErrorFeed, TaskError, TaskRecord, TaskRegistry, TaskState,
 };
 
 // `Code` lives in the leaf `error` module; `state::Code` stays for callers.

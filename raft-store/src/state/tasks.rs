@@ -107,10 +107,11 @@ pub struct Moved {
     pub to: TaskState,
 }
 
-/// What the registry derives from its records: never encoded and equal to any other, so it is
-/// not part of the state.
+/// What the state derives from its records (the registry's counts, a GetAliveTasks round's):
+/// never encoded (a decoded state derives it again) and equal to any other, so it is not part
+/// of the state.
 #[derive(Clone, Debug, Default)]
-struct Derived<T>(T);
+pub(crate) struct Derived<T>(pub(crate) T);
 
 impl<T> PartialEq for Derived<T> {
     fn eq(&self, _: &Self) -> bool {
@@ -156,21 +157,10 @@ impl TaskRegistry {
 
     /// How many tasks are in `state`: O(1) once counted.
     pub fn count_in(&self, state: TaskState) -> usize {
-        let full = || self.tasks.values().filter(|r| r.state == state).count();
         if !self.touched.0.is_empty() {
-            // Within a command, with records handed out and not yet settled: the counts are as
-            // of the last settle, so they are not taken from these records.
-            return match self.counts.0.get() {
-                None => full(),
-                Some(n) => {
-                    let mut n = n[slot(state)];
-                    for (from, to) in self.unsettled() {
-                        n = (n + usize::from(to == state))
-                            .saturating_sub(usize::from(from == state));
-                    }
-                    n
-                }
-            };
+            // Within a command, records handed out are not settled yet: the kept counts are as
+            // of the last settle, so the records are walked.
+            return self.tasks.values().filter(|r| r.state == state).count();
         }
         self.counts.0.get_or_init(|| {
             let mut n = [0; 3];
@@ -179,13 +169,6 @@ impl TaskRegistry {
             }
             n
         })[slot(state)]
-    }
-
-    /// The records handed out and not yet settled, each task once: (its state before the
-    /// first hand-out, its state now).
-    fn unsettled(&self) -> impl Iterator<Item = (TaskState, TaskState)> + '_ {
-        first_touches(&self.touched.0)
-            .filter_map(|(t, from)| Some((from, self.tasks.get(t)?.state)))
     }
 
     /// The moves of the records handed out since the last call, each task once (from its state
