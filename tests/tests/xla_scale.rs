@@ -28,6 +28,8 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         // Last, all but 100 tasks leave while those 100 wait in a GetAliveTasks round, which
         // must answer them with themselves alone once the last has left (the phase checks it).
         stayers: 100,
+        // Before they leave, 200 barrier ids pass, each one task's (a job's history).
+        history_barriers: 200,
         // A leader change fails the run, and a debug build under the storm on a loaded CI
         // machine can miss the 300 ms lease: timeouts as an operator of a loaded machine sets
         // them (what is asserted is the log, not failover).
@@ -44,7 +46,10 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         .expect("the job registered and asked who is alive");
     let own = m.own_alive.as_ref().expect("the round of own calls");
     let leaving = m.leaving.as_ref().expect("the phase of tasks leaving");
-    assert_eq!((leaving.leavers, leaving.stayers), (TASKS - 100, 100));
+    assert_eq!(
+        (leaving.leavers, leaving.stayers, leaving.history_barriers),
+        (TASKS - 100, 100, 200)
+    );
     assert_eq!(own.alive_listed, TASKS, "every task alive");
     // The follower got the leader's one answer for each of its callers, and compressed it once
     // for all of them (each caller accepts gzip, as jaxlib does).

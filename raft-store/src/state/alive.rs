@@ -18,8 +18,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::cluster::TaskName;
+use super::derived::Derived;
 use super::task_set::TaskSet;
-use super::tasks::{Derived, Moved, TaskRegistry, TaskState};
+use super::tasks::{Moved, TaskRegistry, TaskState};
 
 /// Answers kept per set, for callers re-driven after a leader change.
 const KEPT_ANSWERS: usize = 4;

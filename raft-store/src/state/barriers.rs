@@ -7,10 +7,12 @@
 //! get the stored outcome.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{list_tasks, ClusterConfig, TaskName};
+use super::derived::Derived;
 use super::task_set::TaskSet;
 use crate::error::Code;
 
@@ -138,6 +140,21 @@ impl BarrierRecord {
             .map(|(_, o)| o)
     }
 
+    /// Instance `counter` of `id`, ended with `outcome` before anyone arrived (failed or
+    /// cancelled ahead of its callers, who will get that outcome).
+    fn ended_before_start(id: &str, counter: i64, outcome: Outcome) -> Self {
+        BarrierRecord {
+            id: id.to_string(),
+            counter,
+            participants: Participants::All,
+            arrived: BTreeSet::new(),
+            deadline_ms: None,
+            timeout_ms: 0,
+            outcome: Some(outcome),
+            earlier: VecDeque::new(),
+        }
+    }
+
     fn start_next(
         &mut self,
         counter: i64,
@@ -162,7 +179,16 @@ impl BarrierRecord {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Barriers {
     by_id: BTreeMap<String, BarrierRecord>,
+    /// The ids whose current instance is pending, in id order; found at first use (a decoded
+    /// state finds them once), then kept by each change. A job keeps every barrier id it ever
+    /// used (one per checkpoint step, say) but few are pending at once, and every task that
+    /// leaves or fails looks for the pending ones it takes part in: a walk of every id would
+    /// cost a task's change the job's history.
+    #[serde(skip)]
+    pending_ids: Derived<OnceLock<BTreeSet<String>>>,
 }
+
+type Records = BTreeMap<String, BarrierRecord>;
 
 /// What an arrival made of its barrier instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,8 +206,31 @@ impl Barriers {
         self.by_id.get(id)
     }
 
+    /// The pending instances, in id order.
     pub fn pending(&self) -> impl Iterator<Item = &BarrierRecord> {
-        self.by_id.values().filter(|b| b.is_pending())
+        let ids = self.pending_ids.0.get_or_init(|| {
+            self.by_id
+                .values()
+                .filter(|b| b.is_pending())
+                .map(|b| b.id.clone())
+                .collect()
+        });
+        ids.iter().filter_map(|id| self.by_id.get(id))
+    }
+
+    /// Runs `change` on the records, of which it may change only `id`'s, and keeps the pending
+    /// ids (if found yet) up to date with that record.
+    fn changing<R>(&mut self, id: &str, change: impl FnOnce(&mut Records) -> R) -> R {
+        let out = change(&mut self.by_id);
+        if let Some(ids) = self.pending_ids.0.get_mut() {
+            let pending = self.by_id.get(id).is_some_and(BarrierRecord::is_pending);
+            if !pending {
+                ids.remove(id);
+            } else if !ids.contains(id) {
+                ids.insert(id.to_string());
+            }
+        }
+        out
     }
 
     pub fn len(&self) -> usize {
@@ -205,78 +254,80 @@ impl Barriers {
         now_ms: u64,
         config: &ClusterConfig,
     ) -> Arrival {
-        let deadline = (timeout_ms > 0).then(|| now_ms.saturating_add(timeout_ms));
-        let rec = match self.by_id.get_mut(id) {
-            None => self.by_id.entry(id.to_string()).or_insert(BarrierRecord {
-                id: id.to_string(),
-                counter,
-                participants,
-                arrived: BTreeSet::new(),
-                deadline_ms: deadline,
-                timeout_ms,
-                outcome: None,
-                earlier: VecDeque::new(),
-            }),
-            Some(rec) => {
-                if counter == rec.counter {
-                    if let Some(outcome) = &rec.outcome {
+        self.changing(id, |by_id| {
+            let deadline = (timeout_ms > 0).then(|| now_ms.saturating_add(timeout_ms));
+            let rec = match by_id.get_mut(id) {
+                None => by_id.entry(id.to_string()).or_insert(BarrierRecord {
+                    id: id.to_string(),
+                    counter,
+                    participants,
+                    arrived: BTreeSet::new(),
+                    deadline_ms: deadline,
+                    timeout_ms,
+                    outcome: None,
+                    earlier: VecDeque::new(),
+                }),
+                Some(rec) => {
+                    if counter == rec.counter {
+                        if let Some(outcome) = &rec.outcome {
+                            return Arrival::Done {
+                                counter,
+                                outcome: outcome.clone(),
+                            };
+                        }
+                        if !rec.participants.same_as(&participants, config) {
+                            let outcome = Outcome::Failed {
+                                code: Code::InvalidArgument,
+                                message: format!(
+                                    "barrier {id:?}: task {source} names other participants than the first caller did"
+                                ),
+                            };
+                            rec.outcome = Some(outcome.clone());
+                            return Arrival::Done { counter, outcome };
+                        }
+                        rec
+                    } else if counter == rec.counter + 1 && !rec.is_pending() {
+                        rec.start_next(counter, participants, deadline, timeout_ms);
+                        rec
+                    } else if let Some(outcome) = rec.outcome_of(counter) {
                         return Arrival::Done {
                             counter,
                             outcome: outcome.clone(),
                         };
-                    }
-                    if !rec.participants.same_as(&participants, config) {
-                        let outcome = Outcome::Failed {
+                    } else {
+                        return Arrival::Rejected {
                             code: Code::InvalidArgument,
                             message: format!(
-                                "barrier {id:?}: task {source} names other participants than the first caller did"
+                                "barrier {id:?}: counter {counter} does not follow instance {} ({})",
+                                rec.counter,
+                                if rec.is_pending() {
+                                    "still pending"
+                                } else {
+                                    "finished"
+                                }
                             ),
                         };
-                        rec.outcome = Some(outcome.clone());
-                        return Arrival::Done { counter, outcome };
                     }
-                    rec
-                } else if counter == rec.counter + 1 && !rec.is_pending() {
-                    rec.start_next(counter, participants, deadline, timeout_ms);
-                    rec
-                } else if let Some(outcome) = rec.outcome_of(counter) {
-                    return Arrival::Done {
-                        counter,
-                        outcome: outcome.clone(),
-                    };
-                } else {
-                    return Arrival::Rejected {
-                        code: Code::InvalidArgument,
-                        message: format!(
-                            "barrier {id:?}: counter {counter} does not follow instance {} ({})",
-                            rec.counter,
-                            if rec.is_pending() {
-                                "still pending"
-                            } else {
-                                "finished"
-                            }
-                        ),
-                    };
                 }
+            };
+            if !rec.participants.contains(source, config) {
+                let outcome = Outcome::Failed {
+                    code: Code::InvalidArgument,
+                    message: format!("barrier {id:?}: task {source} is not one of its participants"),
+                };
+                rec.outcome = Some(outcome.clone());
+                return Arrival::Done { counter, outcome };
             }
-        };
-        if !rec.participants.contains(source, config) {
-            let outcome = Outcome::Failed {
-                code: Code::InvalidArgument,
-                message: format!("barrier {id:?}: task {source} is not one of its participants"),
-            };
-            rec.outcome = Some(outcome.clone());
-            return Arrival::Done { counter, outcome };
-        }
-        rec.arrived.insert(source.clone());
-        if rec.arrived.len() == rec.participants.count(config) {
-            rec.outcome = Some(Outcome::Passed);
-            return Arrival::Done {
-                counter,
-                outcome: Outcome::Passed,
-            };
-        }
-        Arrival::Waiting { counter }
+            rec.arrived.insert(source.clone());
+            if rec.arrived.len() == rec.participants.count(config) {
+                rec.outcome = Some(Outcome::Passed);
+                return Arrival::Done {
+                    counter,
+                    outcome: Outcome::Passed,
+                };
+            }
+            Arrival::Waiting { counter }
+        })
     }
 
     /// Fails instance `counter` of `id`, creating it already failed if it has not started. Returns
@@ -288,56 +339,51 @@ impl Barriers {
         code: Code,
         message: String,
     ) -> Result<(Outcome, bool), (Code, String)> {
-        let failed = Outcome::Failed { code, message };
-        let fresh = |counter| BarrierRecord {
-            id: id.to_string(),
-            counter,
-            participants: Participants::All,
-            arrived: BTreeSet::new(),
-            deadline_ms: None,
-            timeout_ms: 0,
-            outcome: Some(failed.clone()),
-            earlier: VecDeque::new(),
-        };
-        match self.by_id.get_mut(id) {
-            None => {
-                self.by_id.insert(id.to_string(), fresh(counter));
-                Ok((failed, true))
-            }
-            Some(rec) if rec.counter == counter => match &rec.outcome {
-                Some(done) => Ok((done.clone(), false)),
+        self.changing(id, |by_id| {
+            let failed = Outcome::Failed { code, message };
+            match by_id.get_mut(id) {
                 None => {
+                    by_id.insert(
+                        id.to_string(),
+                        BarrierRecord::ended_before_start(id, counter, failed.clone()),
+                    );
+                    Ok((failed, true))
+                }
+                Some(rec) if rec.counter == counter => match &rec.outcome {
+                    Some(done) => Ok((done.clone(), false)),
+                    None => {
+                        rec.outcome = Some(failed.clone());
+                        Ok((failed, true))
+                    }
+                },
+                Some(rec) if counter == rec.counter + 1 && !rec.is_pending() => {
+                    rec.start_next(counter, Participants::All, None, 0);
                     rec.outcome = Some(failed.clone());
                     Ok((failed, true))
                 }
-            },
-            Some(rec) if counter == rec.counter + 1 && !rec.is_pending() => {
-                rec.start_next(counter, Participants::All, None, 0);
-                rec.outcome = Some(failed.clone());
-                Ok((failed, true))
+                Some(rec) => match rec.outcome_of(counter) {
+                    Some(done) => Ok((done.clone(), false)),
+                    None => Err((
+                        Code::InvalidArgument,
+                        format!(
+                            "barrier {id:?}: counter {counter} does not follow instance {}",
+                            rec.counter
+                        ),
+                    )),
+                },
             }
-            Some(rec) => match rec.outcome_of(counter) {
-                Some(done) => Ok((done.clone(), false)),
-                None => Err((
-                    Code::InvalidArgument,
-                    format!(
-                        "barrier {id:?}: counter {counter} does not follow instance {}",
-                        rec.counter
-                    ),
-                )),
-            },
-        }
+        })
     }
 
     /// Fails a pending instance; returns whether it was pending.
     pub(crate) fn fail(&mut self, id: &str, counter: i64, code: Code, message: String) -> bool {
-        match self.by_id.get_mut(id) {
+        self.changing(id, |by_id| match by_id.get_mut(id) {
             Some(rec) if rec.counter == counter && rec.is_pending() => {
                 rec.outcome = Some(Outcome::Failed { code, message });
                 true
             }
             _ => false,
-        }
+        })
     }
 
     /// Cancels instance `counter` of `id`: a pending one fails CANCELLED, one not started yet is
@@ -348,56 +394,49 @@ impl Barriers {
         counter: i64,
         source: &TaskName,
     ) -> Result<bool, (Code, String)> {
-        let message = format!("barrier {id:?} was cancelled by task {source}");
-        let cancelled = Outcome::Failed {
-            code: Code::Cancelled,
-            message: message.clone(),
-        };
-        match self.by_id.get_mut(id) {
-            None => {
-                self.by_id.insert(
-                    id.to_string(),
-                    BarrierRecord {
-                        id: id.to_string(),
-                        counter,
-                        participants: Participants::All,
-                        arrived: BTreeSet::new(),
-                        deadline_ms: None,
-                        timeout_ms: 0,
-                        outcome: Some(cancelled),
-                        earlier: VecDeque::new(),
-                    },
-                );
-                Ok(true)
-            }
-            Some(rec) if rec.counter == counter => match &rec.outcome {
+        self.changing(id, |by_id| {
+            let message = format!("barrier {id:?} was cancelled by task {source}");
+            let cancelled = Outcome::Failed {
+                code: Code::Cancelled,
+                message: message.clone(),
+            };
+            match by_id.get_mut(id) {
                 None => {
+                    by_id.insert(
+                        id.to_string(),
+                        BarrierRecord::ended_before_start(id, counter, cancelled),
+                    );
+                    Ok(true)
+                }
+                Some(rec) if rec.counter == counter => match &rec.outcome {
+                    None => {
+                        rec.outcome = Some(cancelled);
+                        Ok(true)
+                    }
+                    Some(Outcome::Passed) => Err((
+                        Code::FailedPrecondition,
+                        format!("barrier {id:?} has already passed; it cannot be cancelled"),
+                    )),
+                    Some(Outcome::Failed { .. }) => Ok(false),
+                },
+                Some(rec) if counter == rec.counter + 1 && !rec.is_pending() => {
+                    rec.start_next(counter, Participants::All, None, 0);
                     rec.outcome = Some(cancelled);
                     Ok(true)
                 }
-                Some(Outcome::Passed) => Err((
-                    Code::FailedPrecondition,
-                    format!("barrier {id:?} has already passed; it cannot be cancelled"),
-                )),
-                Some(Outcome::Failed { .. }) => Ok(false),
-            },
-            Some(rec) if counter == rec.counter + 1 && !rec.is_pending() => {
-                rec.start_next(counter, Participants::All, None, 0);
-                rec.outcome = Some(cancelled);
-                Ok(true)
+                Some(rec) => match rec.outcome_of(counter) {
+                    Some(Outcome::Passed) => Err((
+                        Code::FailedPrecondition,
+                        format!("barrier {id:?} instance {counter} has already passed; it cannot be cancelled"),
+                    )),
+                    Some(_) => Ok(false),
+                    None => Err((
+                        Code::InvalidArgument,
+                        format!("barrier {id:?}: counter {counter} does not follow instance {}", rec.counter),
+                    )),
+                },
             }
-            Some(rec) => match rec.outcome_of(counter) {
-                Some(Outcome::Passed) => Err((
-                    Code::FailedPrecondition,
-                    format!("barrier {id:?} instance {counter} has already passed; it cannot be cancelled"),
-                )),
-                Some(_) => Ok(false),
-                None => Err((
-                    Code::InvalidArgument,
-                    format!("barrier {id:?}: counter {counter} does not follow instance {}", rec.counter),
-                )),
-            },
-        }
+        })
     }
 
     /// Fails instance `counter` of `id` with DEADLINE_EXCEEDED if it is pending and its deadline has
@@ -409,26 +448,41 @@ impl Barriers {
         now_ms: u64,
         config: &ClusterConfig,
     ) -> bool {
-        let Some(rec) = self.by_id.get_mut(id) else {
-            return false;
-        };
-        let due = rec.deadline_ms.is_some_and(|d| d <= now_ms);
-        if rec.counter != counter || !rec.is_pending() || !due {
-            return false;
-        }
-        let missing: Vec<TaskName> = rec.missing(config).collect();
-        let message = format!(
-            "barrier {id:?} timed out after {} ms with {} of {} tasks arrived; not arrived: {}",
-            rec.timeout_ms,
-            rec.arrived.len(),
-            rec.participants.count(config),
-            list_tasks(&missing, 10)
-        );
-        rec.outcome = Some(Outcome::Failed {
-            code: Code::DeadlineExceeded,
-            message,
-        });
-        true
+        self.changing(id, |by_id| {
+            let Some(rec) = by_id.get_mut(id) else {
+                return false;
+            };
+            let due = rec.deadline_ms.is_some_and(|d| d <= now_ms);
+            if rec.counter != counter || !rec.is_pending() || !due {
+                return false;
+            }
+            let missing: Vec<TaskName> = rec.missing(config).collect();
+            let message = format!(
+                "barrier {id:?} timed out after {} ms with {} of {} tasks arrived; not arrived: {}",
+                rec.timeout_ms,
+                rec.arrived.len(),
+                rec.participants.count(config),
+                list_tasks(&missing, 10)
+            );
+            rec.outcome = Some(Outcome::Failed {
+                code: Code::DeadlineExceeded,
+                message,
+            });
+            true
+        })
+    }
+
+    /// Whether the kept pending ids are what a walk of the records gives.
+    #[cfg(test)]
+    pub(crate) fn kept_pending_agrees(&self) -> bool {
+        let walked: Vec<&str> = self
+            .by_id
+            .values()
+            .filter(|b| b.is_pending())
+            .map(|b| b.id.as_str())
+            .collect();
+        let kept: Vec<&str> = self.pending().map(|b| b.id.as_str()).collect();
+        walked == kept
     }
 
     /// Pending instances that `task` takes part in: (id, counter).
@@ -486,6 +540,61 @@ mod tests {
         );
         // The deadline was fixed by the first arrival.
         assert_eq!(b.get("x").and_then(|r| r.deadline_ms), Some(1010));
+    }
+
+    #[test]
+    fn a_task_leaving_looks_at_the_pending_barriers_not_at_every_id_the_job_used() {
+        let c = config(4);
+        let mut b = Barriers::default();
+        let one = |i| Participants::Only([t(i)].into_iter().collect());
+        // A long job's history: a passed barrier per checkpoint step.
+        for step in 0..1_000 {
+            let id = format!("checkpoint_{step}");
+            assert!(matches!(
+                b.arrive(&id, 0, one(step % 4), 0, &t(step % 4), 0, &c),
+                Arrival::Done { .. }
+            ));
+        }
+        assert_eq!(
+            b.arrive("now", 0, Participants::All, 0, &t(0), 0, &c),
+            Arrival::Waiting { counter: 0 }
+        );
+        let kept = |b: &Barriers| b.pending_ids.0.get().map(BTreeSet::len);
+        assert_eq!(kept(&b), None, "found at first use");
+        assert_eq!(b.pending_with(&t(1), &c), [("now".to_string(), 0)]);
+        assert_eq!(kept(&b), Some(1));
+
+        // Each kind of change keeps the ids: a start, a pass, a failure, a cancellation, an
+        // expiry, an instance created failed.
+        b.arrive("other", 0, one(2), 100, &t(3), 0, &c);
+        assert_eq!(
+            kept(&b),
+            Some(1),
+            "an outsider's arrival fails the instance"
+        );
+        b.arrive("later", 0, Participants::All, 100, &t(3), 0, &c);
+        assert_eq!(kept(&b), Some(2));
+        assert!(b.fail("now", 0, Code::Aborted, "gone".into()));
+        assert!(b.expire("later", 0, 100, &c));
+        assert_eq!(kept(&b), Some(0));
+        assert!(b.cancel("checkpoint_0", 1, &t(0)).is_ok());
+        assert!(b
+            .fail_or_create("fresh", 0, Code::Internal, "x".into())
+            .is_ok());
+        b.arrive("checkpoint_1", 1, one(1), 0, &t(1), 0, &c);
+        assert_eq!(
+            b.arrive("now", 1, Participants::All, 0, &t(0), 0, &c),
+            Arrival::Waiting { counter: 1 }
+        );
+        assert_eq!(kept(&b), Some(1));
+        assert!(b.kept_pending_agrees());
+
+        // A decoded state finds them again, once.
+        let bytes = crate::codec::encode("barriers", &b).expect("encodes");
+        let decoded: Barriers = crate::codec::decode("barriers", &bytes).expect("decodes");
+        assert_eq!(kept(&decoded), None);
+        assert_eq!(decoded.pending_with(&t(2), &c), [("now".to_string(), 1)]);
+        assert!(decoded.kept_pending_agrees());
     }
 
     #[test]

@@ -173,6 +173,10 @@ fn fuzz_commands_never_panic_and_refusals_change_nothing() {
                 c.alive.kept_counts_agree(&c.tasks),
                 "step {step}: a GetAliveTasks round's count"
             );
+            assert!(
+                c.barriers.kept_pending_agrees(),
+                "step {step}: the pending barrier ids"
+            );
         }
     }
     assert!(

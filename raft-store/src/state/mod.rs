@@ -6,6 +6,7 @@
 //!
 //! Its modules, bottom up (each uses only those before it, and `crate::error`):
 //!
+//! - `derived`: the wrapper of what the records keep derived from themselves.
 //! - `cluster`: task names and the cluster configuration.
 //! - `task_set`: sets of tasks as runs of task numbers.
 //! - `tasks`: the task registry and the error feed.
@@ -34,6 +35,7 @@ pub(crate) mod cluster;
 mod coordination;
 #[cfg(test)]
 mod coordination_tests;
+mod derived;
 #[cfg(test)]
 mod fuzz_tests;
 mod kv;

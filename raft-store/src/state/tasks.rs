@@ -13,6 +13,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{ClusterConfig, TaskName};
+use super::derived::Derived;
 use crate::error::Code;
 
 /// The feed keeps this many errors; a poller that fell further behind gets the oldest kept one.
@@ -106,20 +107,6 @@ pub struct Moved {
     pub from: TaskState,
     pub to: TaskState,
 }
-
-/// What the state derives from its records (the registry's counts, a GetAliveTasks round's):
-/// never encoded (a decoded state derives it again) and equal to any other, so it is not part
-/// of the state.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Derived<T>(pub(crate) T);
-
-impl<T> PartialEq for Derived<T> {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl<T> Eq for Derived<T> {}
 
 fn slot(state: TaskState) -> usize {
     match state {

@@ -77,6 +77,10 @@ pub struct Args {
     /// (0: no such phase; it ends the job).
     #[arg(long, default_value_t = 0)]
     pub stayers: usize,
+    /// Before that phase, this many barrier ids pass, each one task's (a job's history: a
+    /// barrier per checkpoint step); the leavers fail the pending barriers they take part in.
+    #[arg(long, default_value_t = 0)]
+    pub history_barriers: usize,
     /// Extra flags for every coord replica (e.g. --coord-arg=--election-timeout-max-ms=3000).
     #[arg(long = "coord-arg")]
     pub coord_args: Vec<String>,
@@ -500,7 +504,15 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
             within(
                 "tasks leaving while others ask who is alive",
                 &still_leading,
-                leavers::leave_while_others_ask(channel, tasks, stayers, service, pid, &parked),
+                leavers::leave_while_others_ask(
+                    channel,
+                    tasks,
+                    stayers,
+                    args.history_barriers,
+                    service,
+                    pid,
+                    &parked,
+                ),
             )
             .await?,
         ),

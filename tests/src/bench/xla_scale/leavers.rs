@@ -4,6 +4,10 @@
 //! down or shrunk leave. The round waits for every connected task of the set, so it is answered
 //! once the last leaver is gone; timed from the first ShutdownTask to the last stayer's answer.
 //!
+//! With `--history-barriers B`, B barrier ids have passed before (one task's each, as a job's
+//! checkpoint steps leave theirs behind): a task that leaves fails the pending barriers it takes
+//! part in, and must find those without a walk of every id the job ever used.
+//!
 //! Each leaver is one command that changes one task. What the state does after such a change
 //! (the open round's count of whom it still waits for, whether the job still has a connected
 //! task) must cost that change, not a walk of the job: N leavers would otherwise cost N² looks.
@@ -17,10 +21,15 @@ use tonic::transport::Channel;
 use super::super::tasks::{cpu_seconds, parked_until, Spawned};
 use super::wire::{client, id, incarnations};
 
+/// Barrier calls of the history in flight at once.
+const HISTORY_IN_FLIGHT: usize = 2_000;
+
 /// What the phase measured.
 pub struct Leaving {
     pub leavers: usize,
     pub stayers: usize,
+    /// Barrier ids passed before the phase.
+    pub history_barriers: usize,
     /// From the first ShutdownTask sent to the last stayer's answer.
     pub answered: Duration,
     /// The leader's CPU over the same time.
@@ -28,15 +37,19 @@ pub struct Leaving {
 }
 
 /// Runs the phase on a job of `tasks` registered tasks of service incarnation `service`, task
-/// `i` calling over `channel(i)`; `parked` counts the calls the leader (pid `pid`) holds.
+/// `i` calling over `channel(i)`, after `history` barriers passed; `parked` counts the calls the
+/// leader (pid `pid`) holds.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn leave_while_others_ask<'c>(
     channel: impl Fn(usize) -> &'c EagerEnd<Channel>,
     tasks: usize,
     stayers: usize,
+    history: usize,
     service: u64,
     pid: u32,
     parked: impl Fn() -> u64,
 ) -> Result<Leaving, String> {
+    pass_history(&channel, tasks, history, service).await?;
     let stayers = stayers.clamp(1, tasks);
     let leavers = tasks - stayers;
     let all: Vec<i32> = (0..tasks).map(id).collect();
@@ -107,7 +120,44 @@ pub(super) async fn leave_while_others_ask<'c>(
     Ok(Leaving {
         leavers,
         stayers,
+        history_barriers: history,
         answered,
         leader_cpu_seconds,
     })
+}
+
+/// `count` barrier ids passed, `history/<k>` by task `k % tasks` alone.
+async fn pass_history<'c>(
+    channel: &impl Fn(usize) -> &'c EagerEnd<Channel>,
+    tasks: usize,
+    count: usize,
+    service: u64,
+) -> Result<(), String> {
+    let started = Instant::now();
+    for first in (0..count).step_by(HISTORY_IN_FLIGHT) {
+        let calls: Vec<_> = (first..count.min(first + HISTORY_IN_FLIGHT))
+            .map(|k| {
+                let i = k % tasks;
+                let req = xla::BarrierRequest {
+                    incarnations: incarnations(i, service),
+                    barrier_id: format!("history/{k}"),
+                    barrier_timeout_in_ms: 60_000,
+                    task_ids: vec![id(i)],
+                    source_task_id: id(i),
+                    counter: 0,
+                };
+                let mut c = client(channel(i));
+                Spawned::new(async move { c.barrier(req).await.map(|_| ()) })
+            })
+            .collect();
+        for (k, call) in (first..).zip(calls) {
+            call.join()
+                .await?
+                .map_err(|e| format!("Barrier history/{k}: {e}"))?;
+        }
+    }
+    if count > 0 {
+        eprintln!("{count} barrier ids passed in {:?}", started.elapsed());
+    }
+    Ok(())
 }

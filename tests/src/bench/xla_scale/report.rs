@@ -197,9 +197,10 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
              rest answered after the first left; leader CPU",
             &|m| match &m.leaving {
                 Some(l) => format!(
-                    "{} left, {} stayed: {:.3} s; {:.2} s",
+                    "{} left, {} stayed, {} barrier ids before: {:.3} s; {:.2} s",
                     l.leavers,
                     l.stayers,
+                    l.history_barriers,
                     l.answered.as_secs_f64(),
                     l.leader_cpu_seconds
                 ),
