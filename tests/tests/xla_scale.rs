@@ -1,6 +1,7 @@
 //! A JAX job of 2,000 tasks on jaxlib's wire registers and asks GetAliveTasks in a log of a few
-//! bytes a call, through a follower that relays the round's one answer; then most of its tasks
-//! leave while the rest wait to learn who is alive. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
+//! bytes a call, through a follower that relays the round's one answer; every task watches the
+//! job's tasks while two leave; then most of its tasks leave while the rest wait to learn who is
+//! alive. A binary of its own: beside `scale.rs`'s 20,000-task job, on two cores, the two
 //! jobs starved each other's Raft heartbeats.
 
 use coord_tests::bench::xla_scale;
@@ -9,7 +10,9 @@ use coord_tests::bench::xla_scale;
 /// the register barrier of the whole job) and a GetAliveTasks round of every task about every
 /// task commit a few bytes a call, and the follower relays the round's one answer to every task,
 /// compressed once. Each call used to commit the job's task list, N² bytes of log in all: about 26 KB a
-/// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Then all
+/// call at 2,000 tasks, and leaders lost their lease under the storm's 5 MB entries. Every task
+/// watches the job's tasks (WatchTasks) while one leaves, and the follower relays the leader's
+/// one answer to all of them, compressed once; then again through sidecars. Then all
 /// but 100 tasks leave while those 100 wait in a GetAliveTasks round, which answers them with
 /// themselves alone (a walk of the job per leaver once cost the leader its term here). Only
 /// log bytes and answers are asserted, never time (the times are `coord-bench xla-scale`).
@@ -27,6 +30,10 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         via_follower: true,
         // Last, all but 100 tasks leave while those 100 wait in a GetAliveTasks round, which
         // must answer them with themselves alone once the last has left (the phase checks it).
+        // Then every task watches the job's tasks while one leaves, by its own call and through
+        // the sidecars.
+        watchers: true,
+        watch_max: TASKS,
         stayers: 100,
         // Before they leave, 200 barrier ids pass, each one task's (a job's history).
         history_barriers: 200,
@@ -51,6 +58,17 @@ async fn a_jax_jobs_registration_and_alive_round_write_a_few_bytes_a_call() {
         (TASKS - 100, 100, 200)
     );
     assert_eq!(own.alive_listed, TASKS, "every task alive");
+    // Every watcher got the job's records of the new version (the phase checks the answers
+    // through the sidecars), and the follower relaying the own calls compressed that answer
+    // once for all 2,000 of them (the leader encoded it once: the follower's copies are the
+    // leader's bytes, kept by those bytes).
+    let watching = m.watching.as_ref().expect("the phase of watchers");
+    assert_eq!(watching.watchers, TASKS);
+    assert_eq!(
+        watching.own.compressions,
+        Some(1),
+        "answers the follower compressed for {TASKS} watchers of one version"
+    );
     // The follower got the leader's one answer for each of its callers, and compressed it once
     // for all of them (each caller accepts gzip, as jaxlib does).
     assert_eq!(

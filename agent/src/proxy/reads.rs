@@ -1,8 +1,10 @@
-//! Reads several of a sidecar's tasks send alike (the same key, the same directory), fetched from
-//! the ensemble once for all of them.
+//! Reads several of a sidecar's tasks send alike (the same key, the same directory, the same
+//! version of the job's tasks), fetched from the ensemble once for all of them.
 //!
 //! Every process of a JAX job waits on the same keys (the topology every process publishes, the
-//! ids process 0 hands out), and TensorFlow's tasks read the same directories: with one call per
+//! ids process 0 hands out), tasks that watch the job's tasks watch the same versions
+//! (WatchTasks, read as the version it names: see `xla`), and TensorFlow's tasks read the same
+//! directories: with one call per
 //! task, a host's tasks park the same wait on the leader once each and carry the same answer back
 //! once each. So the proxy sends one call per distinct read (the method and the request's bytes)
 //! and hands its answer to every task that sent that read.

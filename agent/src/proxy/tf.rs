@@ -25,7 +25,7 @@ proxy_service! {
     report_error_to_task(ReportErrorToTaskRequest) -> ReportErrorToTaskResponse: Call::Read;
     report_error_to_service(ReportErrorToServiceRequest) -> ReportErrorToServiceResponse: Call::Write;
     get_task_state(GetTaskStateRequest) -> GetTaskStateResponse: Call::Read;
-    watch_job_state(WatchJobStateRequest) -> WatchJobStateResponse: Call::WaitingRead;
+    watch_job_state(WatchJobStateRequest) -> WatchJobStateResponse: Call::SharedWaitingRead;
     insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse: Call::Write;
     get_key_value(GetKeyValueRequest) -> GetKeyValueResponse: Call::SharedWaitingRead;
     try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse: Call::SharedRead;

@@ -21,7 +21,6 @@ proxy_service! {
     register_task(RegisterTaskRequest) -> RegisterTaskResponse: Call::WaitingWrite;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse: Call::Read;
     shutdown_task(ShutdownTaskRequest) -> ShutdownTaskResponse: Call::WaitingWrite;
-    watch_tasks(WatchTasksRequest) -> WatchTasksResponse: Call::WaitingRead;
     insert_key_value(InsertKeyValueRequest) -> InsertKeyValueResponse: Call::Write;
     get_key_value(GetKeyValueRequest) -> GetKeyValueResponse: Call::SharedWaitingRead;
     try_get_key_value(TryGetKeyValueRequest) -> TryGetKeyValueResponse: Call::SharedRead;
@@ -36,6 +35,34 @@ proxy_service! {
         alive: XlaAliveBatches = XlaAliveBatches::new(true),
     }
     @custom {
+        /// Sent once for every task of this sidecar that watches the same version (see
+        /// [`super::reads`]). The answer is the job's, the same for every caller: each task's
+        /// request is read as the service incarnation and version it names, what the service
+        /// checks and answers by, so a host's watching tasks fetch each version from the
+        /// ensemble once.
+        async fn watch_tasks(
+            &self,
+            req: tonic::Request<pb::WatchTasksRequest>,
+        ) -> Result<tonic::Response<pb::WatchTasksResponse>, tonic::Status> {
+            let (metadata, extensions, m) = req.into_parts();
+            let alike = pb::WatchTasksRequest {
+                incarnations: m.incarnations.map(|i| pb::Incarnations {
+                    service_incarnation: i.service_incarnation,
+                    ..Default::default()
+                }),
+                version_number: m.version_number,
+            };
+            let req = tonic::Request::from_parts(metadata, extensions, alike);
+            super::forward(
+                (&self.client, &self.reads),
+                "watch_tasks",
+                req,
+                Call::SharedWaitingRead,
+                |ch, r| async move { upstream(ch).watch_tasks(r).await },
+            )
+            .await
+        }
+
         /// Recorded with the other tasks' arrivals, and answered with them from one wait on the
         /// instance (see [`super::barriers`]).
         async fn barrier(

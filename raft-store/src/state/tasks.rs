@@ -142,6 +142,12 @@ impl TaskRegistry {
         self.tasks.iter()
     }
 
+    /// The records of `job`'s tasks, in task order (a range of the records, not a walk of all).
+    pub fn of_job(&self, job: &str) -> impl Iterator<Item = (&TaskName, &TaskRecord)> {
+        self.tasks
+            .range(TaskName::new(job, 0)..=TaskName::new(job, u32::MAX))
+    }
+
     /// How many tasks are in `state`: O(1) once counted.
     pub fn count_in(&self, state: TaskState) -> usize {
         if !self.touched.0.is_empty() {

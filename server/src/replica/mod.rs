@@ -216,6 +216,7 @@ impl Replica {
             hub: hub.clone(),
             heartbeats: heartbeats.clone(),
             devices: std::sync::Mutex::new(None),
+            watched: std::sync::Mutex::new(None),
         });
         let dispatcher = Arc::new(crate::serve::dispatcher::DispatcherCore {
             proposer: proposer.clone(),

@@ -40,10 +40,28 @@ pub struct CoordCore {
     /// releases thousands of tasks at once they share one list instead of each walking every task
     /// record.
     pub devices: std::sync::Mutex<Option<DevicesAt>>,
+    /// The last answer of WatchTasks (and WatchJobState): a job's task records at one task
+    /// version. Every process of a jaxlib job watches the job's tasks, so a change answers
+    /// every one of them: they share one list instead of each copying every task record (N
+    /// watchers of N tasks), and the service encodes it once for all of them.
+    pub watched: std::sync::Mutex<Option<WatchedAt>>,
 }
 
 /// A namespace's devices as of an applied log index.
 pub type DevicesAt = ((Ns, u64), Arc<Vec<DeviceInfo>>);
+
+/// A job's task records at one task version, in task order: WatchTasks' answer.
+#[derive(Debug)]
+pub struct JobTasks {
+    pub version: i64,
+    pub records: Vec<(TaskName, TaskRecord)>,
+}
+
+/// One [`JobTasks`], shared by every watcher of its version.
+pub type Watched = Arc<JobTasks>;
+
+/// The records of a job (namespace, service incarnation, task version, job) at that version.
+pub type WatchedAt = ((Ns, u64, u64, String), Watched);
 
 pub(super) fn unexpected(what: &str, out: &Output) -> CoordError {
     CoordError::Internal(format!("{what} returned {out:?}"))
@@ -140,11 +158,6 @@ impl CoordCore {
                 .and_then(|r| c.errors.next_for(task, r.errors_seen_at_register))
                 .cloned()
         })
-    }
-
-    /// Every task of `job` (none for a job the cluster does not have, as TensorFlow answers).
-    pub fn tasks_of_job(&self, job: &str) -> Result<Vec<TaskName>, CoordError> {
-        self.with_cluster(|c| c.config.all_tasks().filter(|t| t.job == job).collect())
     }
 
     /// Answers a heartbeat from leader memory; returns the service incarnation. The task's state

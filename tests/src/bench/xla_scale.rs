@@ -33,12 +33,14 @@ use super::{disk_usage, mb};
 mod calls;
 mod leavers;
 mod report;
+mod watchers;
 mod wire;
 
 use calls::{heartbeat, register};
 pub use leavers::Leaving;
 use report::print;
 pub use report::{Measured, OwnAlive};
+pub use watchers::{WatchRound, Watching};
 use wire::{client, id, incarnations};
 
 /// What `coord-bench xla-scale` runs.
@@ -72,6 +74,15 @@ pub struct Args {
     /// a failover). The sidecars' rounds still go to the leader, as coord-proxy finds it.
     #[arg(long)]
     pub via_follower: bool,
+    /// Then every task watches the job's tasks (WatchTasks, as jaxlib's runtime client keeps
+    /// it open) while one task leaves, first with each task's own call, then through a sidecar
+    /// per connection (tasks 0 and 1 leave).
+    #[arg(long)]
+    pub watchers: bool,
+    /// Jobs larger than this skip the watchers' phase: every watcher's answer is the whole job
+    /// (N² records in all), and this process would hold every task's copy.
+    #[arg(long, default_value_t = 10_000)]
+    pub watch_max: usize,
     /// Last, the other tasks leave (ShutdownTask, all at once) while these many wait in a
     /// GetAliveTasks round of the whole job, which they are answered once the last has left
     /// (0: no such phase; it ends the job).
@@ -498,6 +509,37 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
     );
     drop(beats);
     still_leading()?;
+    if args.watchers && tasks > args.watch_max {
+        eprintln!(
+            "no watchers' phase above {} tasks (--watch-max)",
+            args.watch_max
+        );
+    }
+    let watching = if args.watchers && tasks <= args.watch_max {
+        let called_http = cluster.replica(called).http;
+        Some(
+            within(
+                "every task watching while tasks leave",
+                &still_leading,
+                watchers::watch_changes(watchers::Job {
+                    channel,
+                    endpoints: &endpoints,
+                    connections,
+                    tasks,
+                    service,
+                    pid,
+                    parked: &parked,
+                    compressions: || {
+                        metric(called_http, "coord_answer_compressions_total")
+                            .map_or(0, |n| n as u64)
+                    },
+                }),
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let leaving = match args.stayers {
         0 => None,
         stayers => Some(
@@ -537,6 +579,7 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         through_sidecars: through,
         barrier,
         barrier_through_sidecars,
+        watching,
         leaving,
         leader_rss_before,
         leader_rss_registered,

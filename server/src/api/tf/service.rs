@@ -246,16 +246,16 @@ impl CoordinationService for TfService {
                 req,
                 |m, _| {
                     served(async move {
-                        let tasks = core.tasks_of_job(&m.job_name)?;
                         // TF counts a negative version as none: the state at once.
                         let version = m.version_number.max(-1);
-                        let (version_number, records) = core.watch_tasks(&tasks, version).await?;
+                        let tasks = core.watch_tasks(&m.job_name, version).await?;
                         Ok(tf::WatchJobStateResponse {
-                            task_state: records
+                            task_state: tasks
+                                .records
                                 .iter()
                                 .map(|(t, r)| task_state_info(t, r, None))
                                 .collect(),
-                            version_number,
+                            version_number: tasks.version,
                         })
                     })
                 },

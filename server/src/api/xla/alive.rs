@@ -34,8 +34,8 @@ use futures::FutureExt;
 use tonic::{Request, Response, Status};
 
 use super::errors::id_of;
-use super::{served, XlaService};
-use crate::api::shared_answer::{AnswerBytes, SharedAnswer};
+use super::{answered_from_shared, served, XlaService};
+use crate::api::shared_answer::AnswerBytes;
 use crate::error::CoordError;
 use crate::raft::peers::{PeerChannel, PEER_MESSAGE_LIMIT};
 use crate::serve::route::Kind;
@@ -153,7 +153,7 @@ impl XlaService {
                 }
             },
         );
-        Either::Right(routed.map(answered))
+        Either::Right(routed.map(answered_from_shared))
     }
 
     /// The task and set a GetAliveTasks call names, checked as that call checks them (its
@@ -202,7 +202,7 @@ impl XlaService {
             },
             move |ch, r| this.relay(ch, r, "/coord.coordination.Coordination/AwaitAlive"),
         );
-        routed.map(answered)
+        routed.map(answered_from_shared)
     }
 
     /// Method `path` on the leader's channel `ch`: the round's answer as the leader encoded it,
@@ -228,15 +228,4 @@ impl XlaService {
             })
         })
     }
-}
-
-/// A routed call's response, sent from the round's shared bytes (the message stays empty: the
-/// response layer sends the bytes instead).
-fn answered(
-    routed: Result<Response<Arc<AnswerBytes>>, Status>,
-) -> Result<Response<xla::GetAliveTasksResponse>, Status> {
-    let mut r = Response::new(xla::GetAliveTasksResponse::default());
-    r.extensions_mut()
-        .insert(SharedAnswer(routed?.into_inner()));
-    Ok(r)
 }

@@ -14,13 +14,14 @@
 //!   without, on purpose (see [`errors`]);
 //! - RegisterTask waits at a register barrier of every task (as JAX configures its service).
 //!
-//! [`service`] holds the RPCs (GetAliveTasks in [`alive`]); this module the service's state and
-//! the helpers they share.
+//! [`service`] holds the RPCs (GetAliveTasks in [`alive`], WatchTasks in [`watch`]); this module
+//! the service's state and the helpers they share.
 
 mod alive;
 pub mod errors;
 mod rounds;
 mod service;
+mod watch;
 
 use std::sync::Arc;
 
@@ -29,7 +30,7 @@ use bytes::Bytes;
 use coord_proto::xla::coordination as xla;
 use coord_proto::xla::coordination::coordination_service_client::CoordinationServiceClient;
 use coord_raft_store::state::{Cluster, TaskName, TaskSet, TaskState};
-use tonic::{Request, Status};
+use tonic::{Request, Response, Status};
 
 use crate::error::CoordError;
 use crate::raft::peers::PEER_MESSAGE_LIMIT;
@@ -48,6 +49,9 @@ pub struct XlaService {
     values: crate::api::value_answers::ValueAnswers,
     /// GetAliveTasks rounds' answers, encoded once for every asker (see `alive`).
     alive: crate::api::shared_answer::Encodings<Vec<(TaskName, u64)>>,
+    /// WatchTasks' answers, a job's task records at one version, encoded once for every watcher
+    /// (see `watch`).
+    watched: crate::api::shared_answer::Encodings<crate::serve::coordination::JobTasks>,
     /// The same answers as a follower relays them from the leader, kept by their bytes.
     relayed: crate::api::shared_answer::Relayed,
     /// The rounds a follower's callers wait on, each with one wait on the leader (see `rounds`).
@@ -120,6 +124,7 @@ impl XlaService {
             coord,
             values: Default::default(),
             alive: Default::default(),
+            watched: Default::default(),
             relayed: Default::default(),
             rounds: Default::default(),
             asks: Default::default(),
@@ -225,11 +230,6 @@ impl XlaService {
         Ok(TaskSet::whole_job(&job, n))
     }
 
-    fn all_tasks(&self) -> Result<Vec<TaskName>, CoordError> {
-        let (job, n) = self.job()?;
-        Ok((0..n).map(|t| TaskName::new(job.clone(), t)).collect())
-    }
-
     /// Refuses a request made for another service incarnation (another service, or one that
     /// lost its state): the client must not carry on against it.
     fn check_incarnation(&self, i: Option<&xla::Incarnations>) -> Result<(), CoordError> {
@@ -259,4 +259,17 @@ fn served<T>(
     f: impl std::future::Future<Output = Result<T, CoordError>>,
 ) -> impl std::future::Future<Output = Result<T, CoordError>> {
     futures::FutureExt::map(f, |r| r.map_err(detailed))
+}
+
+/// A routed call's response, sent from an answer's shared bytes (the message stays empty: the
+/// response layer sends the bytes instead; see `api::shared_answer`).
+fn answered_from_shared<M: Default>(
+    routed: Result<Response<Arc<crate::api::shared_answer::AnswerBytes>>, Status>,
+) -> Result<Response<M>, Status> {
+    let mut r = Response::new(M::default());
+    r.extensions_mut()
+        .insert(crate::api::shared_answer::SharedAnswer(
+            routed?.into_inner(),
+        ));
+    Ok(r)
 }

@@ -8,12 +8,12 @@ use futures::FutureExt;
 use std::future::Future;
 use tonic::{Request, Response, Status};
 
-use super::errors::{barrier_error, error_payload, id_of, polled};
+use super::errors::{barrier_error, polled};
 use crate::api::deferred;
-use crate::error::{grpc_code, CoordError};
+use crate::error::CoordError;
 use crate::serve::route::Kind;
 
-use super::{client, entry, served, state_of, XlaService};
+use super::{client, entry, served, XlaService};
 
 #[tonic::async_trait]
 impl CoordinationService for XlaService {
@@ -100,44 +100,7 @@ impl CoordinationService for XlaService {
         &self,
         req: Request<xla::WatchTasksRequest>,
     ) -> Result<Response<xla::WatchTasksResponse>, Status> {
-        let this = self;
-        self.router
-            .route(
-                "xla/WatchTasks",
-                Kind::Read,
-                req,
-                |m, _| {
-                    served(async move {
-                        this.check_incarnation(m.incarnations.as_ref())?;
-                        let tasks = this.all_tasks()?;
-                        let (version_number, records) =
-                            this.coord.watch_tasks(&tasks, m.version_number).await?;
-                        let task_state = records
-                            .into_iter()
-                            .map(|(t, r)| xla::TaskInfo {
-                                task_id: id_of(&t),
-                                incarnation: r.incarnation,
-                                state: state_of(r.state) as i32,
-                                error_code: r
-                                    .error
-                                    .as_ref()
-                                    .map_or(0, |e| grpc_code(e.code) as i32),
-                                error_message: r
-                                    .error
-                                    .as_ref()
-                                    .map_or_else(String::new, |e| e.message.clone()),
-                                error_payload: r.error.as_ref().map(error_payload),
-                            })
-                            .collect();
-                        Ok(xla::WatchTasksResponse {
-                            task_state,
-                            version_number,
-                        })
-                    })
-                },
-                |ch, r| async move { client(ch).watch_tasks(r).await },
-            )
-            .await
+        self.watch_tasks_call(req).await
     }
 
     async fn insert_key_value(

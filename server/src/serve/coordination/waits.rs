@@ -14,12 +14,12 @@ use std::sync::Arc;
 use futures::future::Either;
 
 use coord_raft_store::state::{
-    alive_wait_key, AliveAnswer, Code, DeviceInfo, ErrorEvent, Outcome, TaskName, TaskRecord,
-    TaskSet, TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
+    alive_wait_key, AliveAnswer, Cluster, Code, DeviceInfo, ErrorEvent, Outcome, TaskName, TaskSet,
+    TaskState, REGISTER_BARRIER, SHUTDOWN_BARRIER, WAIT_FOR_ALL_TASKS_BARRIER,
 };
 use coord_raft_store::{Op, OpError, Output, RequestId};
 
-use super::{unexpected, CoordCore, DevicesAt};
+use super::{unexpected, CoordCore, DevicesAt, JobTasks, Watched};
 use crate::error::CoordError;
 use crate::serve::namespace::{self, Ns, View};
 use crate::serve::parked::{Slot, WaitRegistry, Wake};
@@ -162,13 +162,10 @@ impl CoordCore {
         .await?
     }
 
-    /// XLA's WatchTasks: the records of `tasks` and the task version, at once if `version`
-    /// differs from the current one, else after the next change.
-    pub async fn watch_tasks(
-        &self,
-        tasks: &[TaskName],
-        version: i64,
-    ) -> Result<(i64, Vec<(TaskName, TaskRecord)>), CoordError> {
+    /// XLA's WatchTasks (TF's WatchJobState): the records of `job`'s tasks (none for a job the
+    /// cluster does not have, as TensorFlow answers) and the task version, at once if `version` differs from the current one, else after the next change.
+    /// Every watcher of a version shares one list of the records (see [`CoordCore::watched`]).
+    pub async fn watch_tasks(&self, job: &str, version: i64) -> Result<Watched, CoordError> {
         let epoch = self.hub.tasks.epoch();
         self.read_index.linearize().await?;
         self.park_until(
@@ -182,16 +179,40 @@ impl CoordCore {
                     return Some(Err(CoordError::from(OpError::NoCluster)));
                 };
                 let current = c.task_version as i64;
-                (current != version).then(|| {
-                    let records = tasks
-                        .iter()
-                        .filter_map(|t| c.tasks.get(t).map(|r| (t.clone(), r.clone())))
-                        .collect();
-                    Ok((current, records))
-                })
+                (current != version).then(|| Ok(self.watched_records(c, job)))
             },
         )
         .await?
+    }
+
+    /// `job`'s task records in `c` at its task version: the list the last watcher of that
+    /// version took, or built (one walk of the job's records) for every watcher of it.
+    fn watched_records(&self, c: &Cluster, job: &str) -> Watched {
+        let at = (
+            namespace::current(),
+            c.service_incarnation,
+            c.task_version,
+            job.to_string(),
+        );
+        let mut kept = self
+            .watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match kept.as_ref() {
+            Some((k, records)) if *k == at => records.clone(),
+            _ => {
+                let records: Watched = Arc::new(JobTasks {
+                    version: c.task_version as i64,
+                    records: c
+                        .tasks
+                        .of_job(job)
+                        .map(|(t, r)| (t.clone(), r.clone()))
+                        .collect(),
+                });
+                *kept = Some((at, records.clone()));
+                records
+            }
+        }
     }
 
     /// XLA's PollForError: the first error `task` must learn of since it last registered.

@@ -49,9 +49,9 @@ pub(super) async fn leave_while_others_ask<'c>(
     pid: u32,
     parked: impl Fn() -> u64,
 ) -> Result<Leaving, String> {
-    pass_history(&channel, tasks, history, service).await?;
     let stayers = stayers.clamp(1, tasks);
     let leavers = tasks - stayers;
+    pass_history(&channel, leavers..tasks, history, service).await?;
     let all: Vec<i32> = (0..tasks).map(id).collect();
     let ask = |i: usize| {
         let req = xla::GetAliveTasksRequest {
@@ -126,10 +126,11 @@ pub(super) async fn leave_while_others_ask<'c>(
     })
 }
 
-/// `count` barrier ids passed, `history/<k>` by task `k % tasks` alone.
+/// `count` barrier ids passed, `history/<k>` by one of `by` alone (tasks that stay connected
+/// through the phase: the others may have left already).
 async fn pass_history<'c>(
     channel: &impl Fn(usize) -> &'c EagerEnd<Channel>,
-    tasks: usize,
+    by: std::ops::Range<usize>,
     count: usize,
     service: u64,
 ) -> Result<(), String> {
@@ -137,7 +138,7 @@ async fn pass_history<'c>(
     for first in (0..count).step_by(HISTORY_IN_FLIGHT) {
         let calls: Vec<_> = (first..count.min(first + HISTORY_IN_FLIGHT))
             .map(|k| {
-                let i = k % tasks;
+                let i = by.start + k % by.len();
                 let req = xla::BarrierRequest {
                     incarnations: incarnations(i, service),
                     barrier_id: format!("history/{k}"),

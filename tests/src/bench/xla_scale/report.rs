@@ -31,6 +31,8 @@ pub struct Measured {
     pub barrier: Duration,
     /// The same barrier again through the sidecars.
     pub barrier_through_sidecars: SidecarRound,
+    /// Every task watching the job's tasks while one leaves (`--watchers`).
+    pub watching: Option<super::Watching>,
     /// Tasks leaving while the others ask who is alive (`--stayers`).
     pub leaving: Option<super::Leaving>,
     pub leader_rss_before: u64,
@@ -191,6 +193,38 @@ pub(super) fn print(runs: &[Measured], no_gzip: bool) {
         "Barrier of all through a sidecar per connection: every task passed after the last arrival",
         &|m| through(&m.barrier_through_sidecars),
     );
+    if runs.iter().any(|m| m.watching.is_some()) {
+        let watch_round = |r: &super::WatchRound| {
+            let compressed = r
+                .compressions
+                .map_or(String::new(), |n| format!(", {n} compressed"));
+            let sidecars = r.every_sidecar_first.map_or(String::new(), |f| {
+                format!(" (every sidecar's first task by {:.3} s)", f.as_secs_f64())
+            });
+            format!(
+                "{:.3} s{sidecars}; {:.2} s; {} B an answer{compressed}",
+                r.answered.as_secs_f64(),
+                r.leader_cpu_seconds,
+                r.answer_bytes
+            )
+        };
+        row(
+            "every task watching (WatchTasks), each its own call: all answered after a task left; \
+             leader CPU; bytes",
+            &|m| match &m.watching {
+                Some(w) => watch_round(&w.own),
+                None => "not run".to_string(),
+            },
+        );
+        row(
+            "every task watching through a sidecar per connection: all answered after a task \
+             left; leader CPU; bytes",
+            &|m| match &m.watching {
+                Some(w) => watch_round(&w.through_sidecars),
+                None => "not run".to_string(),
+            },
+        );
+    }
     if runs.iter().any(|m| m.leaving.is_some()) {
         row(
             "tasks leaving (ShutdownTask, all at once) while the rest wait in GetAliveTasks: the \
