@@ -32,12 +32,14 @@ use super::{disk_usage, mb};
 
 mod calls;
 mod leavers;
+mod phase;
 mod report;
 mod watchers;
 mod wire;
 
 use calls::{heartbeat, register};
 pub use leavers::Leaving;
+use phase::{within, PHASE_LIMIT};
 use report::print;
 pub use report::{Measured, OwnAlive};
 pub use watchers::{WatchRound, Watching};
@@ -107,9 +109,6 @@ const JAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(100);
 
 /// GetAliveTasks, for the calls whose answers are only counted (see [`call_size`]).
 const GET_ALIVE_TASKS: &str = "/xla.coordination.CoordinationService/GetAliveTasks";
-
-/// No phase may take longer: a stuck barrier fails the size instead of hanging the run.
-const PHASE_LIMIT: Duration = Duration::from_secs(600);
 
 /// Runs `coord-bench xla-scale`; a size that fails is reported and the next one still runs.
 pub async fn run(args: Args) -> Result<(), String> {
@@ -589,27 +588,4 @@ pub async fn measure(args: &Args, tasks: usize) -> Result<Measured, String> {
         leader_rss_after: rss_bytes(pid).unwrap_or(0),
         elections: after.term - term_before,
     })
-}
-
-/// `phase`, failed if it takes longer than [`PHASE_LIMIT`] or once `stable` (polled twice a
-/// second) fails.
-async fn within<T>(
-    phase: &str,
-    stable: &impl Fn() -> Result<(), String>,
-    f: impl std::future::Future<Output = Result<T, String>>,
-) -> Result<T, String> {
-    let watch = async {
-        loop {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Err(e) = stable() {
-                return e;
-            }
-        }
-    };
-    tokio::select! {
-        done = tokio::time::timeout(PHASE_LIMIT, f) => {
-            done.map_err(|_| format!("{phase} did not finish within {PHASE_LIMIT:?}"))?
-        }
-        e = watch => Err(format!("{phase}: {e}")),
-    }
 }
