@@ -41,9 +41,9 @@ pub struct CoordCore {
     /// record.
     pub devices: std::sync::Mutex<Option<DevicesAt>>,
     /// The last answer of WatchTasks (and WatchJobState): a job's task records at one task
-    /// version. Every process of a jaxlib job watches the job's tasks, so a change answers
-    /// every one of them: they share one list instead of each copying every task record (N
-    /// watchers of N tasks), and the service encodes it once for all of them.
+    /// version. A change answers every watcher of the job's tasks at once: they share one list
+    /// instead of each copying every task record (N watchers of N tasks), and the service
+    /// encodes it once for all of them.
     pub watched: std::sync::Mutex<Option<WatchedAt>>,
 }
 

@@ -5,10 +5,10 @@
 //! holds a runtime-client thread, `global_process_info`, that keeps a WatchTasks call open in
 //! every process whose client is built with the distributed client; its CPU client, as our tests
 //! start it, does not watch.) Built and encoded for each watcher, 10,000 watchers of one change
-//! cost the leader 23 s of CPU. The records of a version are one list
-//! every watcher shares (see `serve::coordination::CoordCore::watched`); here that list is
-//! encoded once (and gzipped once, for the callers that accept gzip) and every watcher's response
-//! body is that buffer, by reference, as GetAliveTasks' is (see [`crate::api::shared_answer`]).
+//! cost the leader 23 s of CPU. The records of a version are one list every watcher shares (see
+//! `serve::coordination::CoordCore::watched`); here that list is encoded once (and gzipped once,
+//! for the callers that accept gzip) and every watcher's response body is that buffer, by
+//! reference, as GetAliveTasks' is (see [`crate::api::shared_answer`]).
 //! A follower relays the leader's bytes, kept by their bytes for its other watchers of the same
 //! version.
 

@@ -163,8 +163,9 @@ impl CoordCore {
     }
 
     /// XLA's WatchTasks (TF's WatchJobState): the records of `job`'s tasks (none for a job the
-    /// cluster does not have, as TensorFlow answers) and the task version, at once if `version` differs from the current one, else after the next change.
-    /// Every watcher of a version shares one list of the records (see [`CoordCore::watched`]).
+    /// cluster does not have, as TensorFlow answers) and the task version, at once if `version`
+    /// differs from the current one, else after the next change. Every watcher of a version
+    /// shares one list of the records (see [`CoordCore::watched`]).
     pub async fn watch_tasks(&self, job: &str, version: i64) -> Result<Watched, CoordError> {
         let epoch = self.hub.tasks.epoch();
         self.read_index.linearize().await?;
